@@ -1,0 +1,1 @@
+"""Task-pool preparation: SWE-smith and SETA-Env sources, validation, filters, splits."""

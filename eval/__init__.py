@@ -1,0 +1,1 @@
+"""Evaluation: pass@k, SWE-bench Verified and Terminal-Bench harnesses, budget matching."""

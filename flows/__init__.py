@@ -1,0 +1,1 @@
+"""Prefect flows: prep, train, evaluate, compare, experiment (end to end)."""

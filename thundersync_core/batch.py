@@ -1,0 +1,195 @@
+"""Trajectories as the learner sees them, and the logged-batch file format.
+
+A trajectory is a prompt followed by segments: ``action`` segments (tokens the policy
+sampled, scored unless a mask says otherwise) and ``observation`` segments (tool output,
+never scored). Trajectories of one group share their prompt. This module imports neither
+torch nor any engine, so rollout workers and orchestration can use it freely.
+
+Batch file (JSONL), one trajectory per line::
+
+    {"group_id": str, "trajectory_id": str, "prompt_ids": [int],
+     "segments": [{"kind": "action"|"observation", "ids": [int], "scored": [bool]}],
+     "reward": float, "policy_version": int, "teacher_logprobs": [float]}
+
+``scored``, ``policy_version`` and ``teacher_logprobs`` are optional.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class BatchFormatError(ValueError):
+    """A logged batch is malformed; the message names the line and field."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: Literal["action", "observation"]
+    ids: tuple[int, ...]
+    scored: tuple[bool, ...]
+
+    @staticmethod
+    def action(ids: Sequence[int], scored: Sequence[bool] | None = None) -> Segment:
+        mask = tuple(scored) if scored is not None else (True,) * len(ids)
+        return Segment("action", tuple(ids), mask)
+
+    @staticmethod
+    def observation(ids: Sequence[int]) -> Segment:
+        return Segment("observation", tuple(ids), (False,) * len(ids))
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    group_id: str
+    trajectory_id: str
+    prompt_ids: tuple[int, ...]
+    segments: tuple[Segment, ...]
+    reward: float
+    policy_version: int = 0
+    teacher_logprobs: tuple[float, ...] | None = field(default=None, compare=False)
+
+    @property
+    def response_ids(self) -> tuple[int, ...]:
+        return tuple(i for s in self.segments for i in s.ids)
+
+    @property
+    def response_scored(self) -> tuple[bool, ...]:
+        return tuple(b for s in self.segments for b in s.scored)
+
+    @property
+    def n_scored_tokens(self) -> int:
+        return sum(self.response_scored)
+
+
+class _SegmentRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["action", "observation"]
+    ids: list[int] = Field(default_factory=list)
+    scored: list[bool] | None = None
+
+    @model_validator(mode="after")
+    def _mask_matches(self) -> _SegmentRecord:
+        if any(i < 0 for i in self.ids):
+            raise ValueError("token ids must be non-negative")
+        if self.scored is None:
+            return self
+        if len(self.scored) != len(self.ids):
+            raise ValueError(f"scored has {len(self.scored)} entries for {len(self.ids)} ids")
+        if self.kind == "observation" and any(self.scored):
+            raise ValueError("observation tokens are never scored")
+        return self
+
+
+class _TrajectoryRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group_id: str = Field(min_length=1)
+    trajectory_id: str = Field(min_length=1)
+    prompt_ids: list[int] = Field(min_length=1)
+    segments: list[_SegmentRecord]
+    reward: float = Field(allow_inf_nan=False)
+    policy_version: int = 0
+    teacher_logprobs: list[float] | None = None
+
+    def to_trajectory(self) -> Trajectory:
+        segments = tuple(
+            Segment.action(s.ids, s.scored) if s.kind == "action" else Segment.observation(s.ids)
+            for s in self.segments
+        )
+        teacher = tuple(self.teacher_logprobs) if self.teacher_logprobs is not None else None
+        return Trajectory(
+            group_id=self.group_id,
+            trajectory_id=self.trajectory_id,
+            prompt_ids=tuple(self.prompt_ids),
+            segments=segments,
+            reward=self.reward,
+            policy_version=self.policy_version,
+            teacher_logprobs=teacher,
+        )
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "record"
+    return f"field {where}: {first['msg']}"
+
+
+def parse_batch_lines(lines: Iterable[str], source: str = "batch") -> list[Trajectory]:
+    """Parse JSONL lines; refuse the first malformed line, naming line number and field."""
+    trajectories: list[Trajectory] = []
+    seen_ids: dict[str, int] = {}
+    group_prompt: dict[str, tuple[tuple[int, ...], int]] = {}
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BatchFormatError(f"{source} line {lineno}: not JSON ({exc.msg})") from None
+        try:
+            traj = _TrajectoryRecord.model_validate(raw).to_trajectory()
+        except ValidationError as exc:
+            raise BatchFormatError(f"{source} line {lineno}: {_first_error(exc)}") from None
+        if traj.trajectory_id in seen_ids:
+            raise BatchFormatError(
+                f"{source} line {lineno}: field trajectory_id: {traj.trajectory_id!r} "
+                f"already used on line {seen_ids[traj.trajectory_id]}"
+            )
+        seen_ids[traj.trajectory_id] = lineno
+        prompt, first_line = group_prompt.setdefault(traj.group_id, (traj.prompt_ids, lineno))
+        if prompt != traj.prompt_ids:
+            raise BatchFormatError(
+                f"{source} line {lineno}: field prompt_ids: differs from group "
+                f"{traj.group_id!r}'s prompt on line {first_line}"
+            )
+        trajectories.append(traj)
+    if not trajectories:
+        raise BatchFormatError(f"{source}: no trajectories")
+    return trajectories
+
+
+def read_batch(path: Path | str) -> list[Trajectory]:
+    path = Path(path)
+    with path.open(encoding="utf-8") as handle:
+        return parse_batch_lines(handle, source=str(path))
+
+
+def check_token_range(trajectories: Sequence[Trajectory], vocab_size: int) -> None:
+    """Refuse token ids outside the model's vocabulary, naming the trajectory."""
+    for traj in trajectories:
+        for where, ids in [("prompt_ids", traj.prompt_ids), ("segments", traj.response_ids)]:
+            bad = [i for i in ids if i >= vocab_size]
+            if bad:
+                raise BatchFormatError(
+                    f"trajectory {traj.trajectory_id!r}: field {where}: token id {bad[0]} "
+                    f"out of range for vocabulary of {vocab_size}"
+                )
+
+
+def trajectory_to_json(traj: Trajectory) -> str:
+    record: dict[str, object] = {
+        "group_id": traj.group_id,
+        "trajectory_id": traj.trajectory_id,
+        "prompt_ids": list(traj.prompt_ids),
+        "segments": [
+            {"kind": s.kind, "ids": list(s.ids), "scored": list(s.scored)} for s in traj.segments
+        ],
+        "reward": traj.reward,
+        "policy_version": traj.policy_version,
+    }
+    if traj.teacher_logprobs is not None:
+        record["teacher_logprobs"] = list(traj.teacher_logprobs)
+    return json.dumps(record)
+
+
+def is_finite(value: float) -> bool:
+    return math.isfinite(value)

@@ -1,0 +1,1 @@
+"""Objectives: one module per algorithm, its equations in the module docstring."""

@@ -1,0 +1,73 @@
+"""Log-probabilities of scored tokens, projecting only scored positions onto the vocabulary.
+
+Shape legend: B batch rows, T tokens per row, H hidden size, N scored tokens in the batch,
+V vocabulary. Token t of a row is *scored* when the loss uses log pi(y_t | y_<t); its
+log-prob is read from the hidden state at t - 1, so only those N hidden states go through
+the output projection (the V-wide logits are the largest activation of a small model).
+
+Works with any Hugging Face causal LM whose decoder is ``model.base_model`` and whose
+head is ``model.get_output_embeddings()`` with no logit scaling.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, PreTrainedModel
+
+
+def _head_dtype(dtype: torch.dtype) -> torch.dtype:
+    # log_softmax over the vocabulary in at least float32 so bf16 logits do not saturate.
+    return torch.promote_types(dtype, torch.float32)
+
+
+def scored_logprobs(
+    model: PreTrainedModel,
+    ids_BT: torch.Tensor,
+    scored_BT: torch.Tensor,
+    *,
+    attention_mask_BT: torch.Tensor | None = None,
+    past_key_values: DynamicCache | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (logprobs_N, row_N): each scored token's log-prob and its batch row.
+
+    ``scored_BT[:, 0]`` must be False: the first token of a row has no predictor in the row.
+    With ``past_key_values`` the row continues that cache (positions follow on).
+    """
+    if bool(scored_BT[:, 0].any()):
+        raise ValueError("the first token of a row cannot be scored: it has no predecessor")
+    decoder = model.base_model
+    out = decoder(
+        input_ids=ids_BT,
+        attention_mask=attention_mask_BT,
+        past_key_values=past_key_values,
+        use_cache=past_key_values is not None,
+    )
+    hidden_BTH = out.last_hidden_state
+    predicts_BT = scored_BT[:, 1:]
+    hidden_NH = hidden_BTH[:, :-1][predicts_BT]
+    targets_N = ids_BT[:, 1:][predicts_BT]
+    row_N = predicts_BT.nonzero()[:, 0]
+    head = model.get_output_embeddings()
+    logits_NV = head(hidden_NH)
+    logp_NV = F.log_softmax(logits_NV.to(_head_dtype(logits_NV.dtype)), dim=-1)
+    return logp_NV.gather(-1, targets_N[:, None])[:, 0], row_N
+
+
+def prefix_key_values(
+    model: PreTrainedModel, prefix_ids_T: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Forward a prefix once and return each layer's (keys, values), graph attached."""
+    decoder = model.base_model
+    cache = DynamicCache()
+    decoder(input_ids=prefix_ids_T[None], past_key_values=cache, use_cache=True)
+    pairs = []
+    for index, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is None or values is None:
+            raise TypeError(
+                f"layer {index}: cache layer {type(layer).__name__} holds no keys/values; "
+                "shared-prefix streaming needs standard attention"
+            )
+        pairs.append((keys, values))
+    return pairs

@@ -1,0 +1,1 @@
+"""Schedules: short drivers that decide when the learner runs relative to rollouts."""

@@ -1,0 +1,177 @@
+"""The streaming GRPO learner: one backward per trajectory as its reward lands.
+
+Each admitted group keeps two sufficient statistics over the parameters and over its
+prompt's key/value proxies (see ``objectives/grpo.py`` for why they make the update exact):
+
+    x2 = sum_i grad S_i,     x1 = sum_i (r_i - shift) grad S_i
+
+At group close the combination a*x1 + b*x2 is added to the batch gradient, and its proxy
+part is replayed through the prompt once. At most ``max_open_groups`` groups hold live
+statistics (each costs two gradient-sized buffers); a trajectory of a further group is held,
+as token ids only, until a group closes. Work is conserving: a close admits held sources at
+once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from thundersync_core.batch import Trajectory
+from thundersync_core.objectives.grpo import LossAgg, advantages, close_coefficients
+from thundersync_core.policy.logprobs import scored_logprobs
+from thundersync_core.streaming.base import GroupSpec, LearnerBase, LearnerRefusal
+from thundersync_core.streaming.prefix import SharedPrefix
+
+
+@dataclass
+class _OpenGroup:
+    spec: GroupSpec
+    prefix: SharedPrefix | None
+    shift: float | None = None
+    rewards: list[float] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    x1: list[torch.Tensor] | None = None
+    x2: list[torch.Tensor] | None = None
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rewards) == self.spec.size
+
+
+class StreamingGRPOLearner(LearnerBase):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        loss_agg: LossAgg = "seq-sum",
+        max_open_groups: int = 4,
+        accum_dtype: torch.dtype | None = None,
+        policy_version: int = 0,
+    ) -> None:
+        if max_open_groups < 1:
+            raise ValueError(f"max_open_groups must be >= 1, got {max_open_groups}")
+        super().__init__(
+            model, loss_agg=loss_agg, accum_dtype=accum_dtype, policy_version=policy_version
+        )
+        self.max_open_groups = max_open_groups
+
+    def _on_begin(self) -> None:
+        self._open: dict[str, _OpenGroup] = {}
+        self._held: deque[Trajectory] = deque()
+        self._stats = {"groups_closed": 0, "prefix_replays": 0, "sources_held": 0}
+        self._stats |= {"peak_open_groups": 0, "trajectory_backwards": 0}
+
+    def _on_submit(self, traj: Trajectory) -> None:
+        if traj.group_id in self._open or len(self._open) < self.max_open_groups:
+            self._process(traj)
+            self._admit_held()
+        else:
+            self._held.append(traj)
+            self._stats["sources_held"] += 1
+
+    def _admit_held(self) -> None:
+        progressed = True
+        while progressed and self._held:
+            progressed = False
+            for traj in list(self._held):
+                if traj.group_id in self._open or len(self._open) < self.max_open_groups:
+                    self._held.remove(traj)
+                    self._process(traj)
+                    progressed = True
+                    break
+
+    def _open_group(self, group_id: str) -> _OpenGroup:
+        spec = self._groups[group_id]
+        prefix = (
+            SharedPrefix(self.model, spec.prompt_ids[:-1]) if len(spec.prompt_ids) > 1 else None
+        )
+        group = _OpenGroup(spec=spec, prefix=prefix)
+        self._open[group_id] = group
+        self._stats["peak_open_groups"] = max(self._stats["peak_open_groups"], len(self._open))
+        return group
+
+    def _process(self, traj: Trajectory) -> None:
+        group = self._open.get(traj.group_id) or self._open_group(traj.group_id)
+        score, grads = self._score_and_grad(traj, group.prefix)
+        if group.shift is None:
+            group.shift = traj.reward
+        group.rewards.append(traj.reward)
+        group.scores.append(score)
+        if grads is not None:
+            self._accumulate(group, grads, traj.reward - group.shift)
+        if group.complete:
+            self._close(traj.group_id)
+
+    def _score_and_grad(
+        self, traj: Trajectory, prefix: SharedPrefix | None
+    ) -> tuple[float, list[torch.Tensor | None] | None]:
+        """S_i and grad S_i w.r.t. parameters and prompt proxies; None when nothing is scored."""
+        if traj.n_scored_tokens == 0:
+            return 0.0, None
+        ids_1T = torch.tensor([[traj.prompt_ids[-1], *traj.response_ids]], device=self.device)
+        scored_1T = torch.tensor([[False, *traj.response_scored]], device=self.device)
+        cache = prefix.cache() if prefix is not None else None
+        logprobs_N, _ = scored_logprobs(self.model, ids_1T, scored_1T, past_key_values=cache)
+        score = logprobs_N.sum()
+        inputs = self.params + (prefix.proxies if prefix is not None else [])
+        grads = torch.autograd.grad(score, inputs, allow_unused=True)
+        self._stats["trajectory_backwards"] += 1
+        return float(score.detach()), list(grads)
+
+    def _accumulate(
+        self, group: _OpenGroup, grads: list[torch.Tensor | None], centred_reward: float
+    ) -> None:
+        if group.x1 is None or group.x2 is None:
+            inputs = self.params + (group.prefix.proxies if group.prefix is not None else [])
+            group.x1 = [torch.zeros_like(t, dtype=self.accum_dtype) for t in inputs]
+            group.x2 = [torch.zeros_like(t, dtype=self.accum_dtype) for t in inputs]
+        for x1, x2, g in zip(group.x1, group.x2, grads, strict=True):
+            if g is None:
+                continue
+            g_acc = g.to(self.accum_dtype)
+            x2.add_(g_acc)
+            x1.add_(g_acc, alpha=centred_reward)
+
+    def _close(self, group_id: str) -> None:
+        group = self._open.pop(group_id)
+        advantages_I = advantages(group.rewards)
+        self._objective_sum += sum(a * s for a, s in zip(advantages_I, group.scores, strict=True))
+        coeff_x1, coeff_x2 = close_coefficients(group.rewards, group.shift or 0.0)
+        self._stats["groups_closed"] += 1
+        if group.x1 is None or group.x2 is None or (coeff_x1 == 0.0 and coeff_x2 == 0.0):
+            if group.prefix is not None:
+                group.prefix.release()
+            return
+        combined = [
+            coeff_x1 * x1 + coeff_x2 * x2 for x1, x2 in zip(group.x1, group.x2, strict=True)
+        ]
+        n_params = len(self.params)
+        self._add_grads(combined[:n_params])
+        if group.prefix is not None:
+            self._add_grads(group.prefix.replay(combined[n_params:], self.params))
+            self._stats["prefix_replays"] += 1
+
+    def _pending_work(self) -> str:
+        if self._open:
+            return f"{len(self._open)} group(s) with live statistics: {sorted(self._open)[:5]}"
+        if self._held:
+            return f"{len(self._held)} held source(s) not yet processed"
+        return ""
+
+    def _counters(self) -> dict[str, int]:
+        return dict(self._stats)
+
+    def live_statistics_bytes(self) -> int:
+        """Bytes held by open groups' sufficient statistics (the admission cap bounds this)."""
+        total = 0
+        for group in self._open.values():
+            for buffers in (group.x1, group.x2):
+                total += sum(t.numel() * t.element_size() for t in buffers or [])
+        return total
+
+
+__all__ = ["LearnerRefusal", "StreamingGRPOLearner"]

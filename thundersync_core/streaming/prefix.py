@@ -1,0 +1,51 @@
+"""Boundary adjoints for a shared prefix (a group's prompt).
+
+The prefix is forwarded once and its per-layer keys/values kept with their graph. Every
+later segment attends to *detached leaf proxies* of those keys/values, so its backward stops
+at the proxies and leaves the gradient on them (the adjoint) instead of re-entering the
+prefix. The caller accumulates adjoints in a ledger and calls ``replay`` once, which
+backpropagates the ledger through the prefix into the parameters: one prefix backward per
+group instead of one per trajectory, with the same result by linearity of the chain rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from thundersync_core.policy.logprobs import prefix_key_values
+
+
+class SharedPrefix:
+    def __init__(self, model: PreTrainedModel, prefix_ids: Sequence[int]) -> None:
+        device = next(model.parameters()).device
+        ids_T = torch.tensor(list(prefix_ids), dtype=torch.long, device=device)
+        kv = prefix_key_values(model, ids_T)
+        self._kv_flat: list[torch.Tensor] | None = [t for pair in kv for t in pair]
+        self.proxies = [t.detach().requires_grad_(True) for t in self._kv_flat]
+        self.n_tokens = len(prefix_ids)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.proxies)
+
+    def cache(self) -> DynamicCache:
+        """A fresh cache over the proxies; later tokens append to it, never to the proxies."""
+        pairs = [(self.proxies[i], self.proxies[i + 1]) for i in range(0, len(self.proxies), 2)]
+        return DynamicCache(ddp_cache_data=pairs)
+
+    def replay(
+        self, adjoints: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor | None, ...]:
+        """Backpropagate accumulated adjoints through the prefix once; frees its graph."""
+        if self._kv_flat is None:
+            raise RuntimeError("prefix already replayed: its graph is freed")
+        kv, self._kv_flat = self._kv_flat, None
+        grad_outputs = [a.to(t.dtype) for a, t in zip(adjoints, kv, strict=True)]
+        return torch.autograd.grad(kv, list(params), grad_outputs=grad_outputs, allow_unused=True)
+
+    def release(self) -> None:
+        """Drop the prefix graph without replaying (all adjoints are zero)."""
+        self._kv_flat = None
