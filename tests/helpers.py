@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 
@@ -82,3 +83,57 @@ def rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     scale = max(float(a[k].double().abs().max()) for k in a)
     assert scale > 0, "reference gradient is zero: the comparison would prove nothing"
     return diff / scale
+
+
+def with_teacher(batch: list[Trajectory], seed: int) -> list[Trajectory]:
+    """Attach made-up teacher log-probs (one per scored token) to every trajectory."""
+    rng = random.Random(seed)
+    return [
+        dataclasses.replace(
+            t, teacher_logprobs=tuple(-5 * rng.random() for _ in range(t.n_scored_tokens))
+        )
+        for t in batch
+    ]
+
+
+def reference_grad_l(
+    model: torch.nn.Module, batch: list[Trajectory]
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """grad L by the textbook recipe: one forward of each full trajectory, full-vocabulary
+    log-softmax, L = (1/N) sum_t sg(log pi_t - q_t) log pi_t, one backward."""
+    model.zero_grad(set_to_none=True)
+    n_tokens = sum(t.n_scored_tokens for t in batch)
+    total = torch.zeros((), dtype=next(model.parameters()).dtype)
+    for t in batch:
+        tokens = list(t.prompt_ids) + [i for s in t.segments for i in s.ids]
+        scored = [False] * len(t.prompt_ids) + [b for s in t.segments for b in s.scored]
+        logp = torch.log_softmax(model(input_ids=torch.tensor([tokens])).logits[0], -1)
+        student = [logp[pos - 1, tokens[pos]] for pos in range(1, len(tokens)) if scored[pos]]
+        assert t.teacher_logprobs is not None
+        for lp, q in zip(student, t.teacher_logprobs, strict=True):
+            total = total + (lp.detach() - q) * lp
+    loss = total / max(n_tokens, 1)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return float(loss.detach()), grads
+
+
+def multi_turn_batch(seed: int, vocab: int, n_groups: int = 2, group_size: int = 3):
+    """Trajectories of 1 to 6 action turns with observations between actions."""
+    rng = random.Random(seed)
+    batch = []
+    for g in range(n_groups):
+        prompt = tuple(rng.randrange(vocab) for _ in range(rng.randint(2, 8)))
+        for i in range(group_size):
+            n_turns = 1 + (g * group_size + i) % 6
+            segments = []
+            for k in range(n_turns):
+                if k:
+                    obs = [rng.randrange(vocab) for _ in range(rng.randint(1, 5))]
+                    segments.append(Segment.observation(obs))
+                n = rng.randint(1, 6)
+                ids = [rng.randrange(vocab) for _ in range(n)]
+                segments.append(Segment.action(ids, [rng.random() < 0.85 for _ in range(n)]))
+            batch.append(Trajectory(f"g{g}", f"g{g}-t{i}", prompt, tuple(segments), 0.0))
+    return with_teacher(batch, seed)

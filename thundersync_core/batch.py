@@ -69,6 +69,54 @@ class Trajectory:
         return sum(self.response_scored)
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One action turn, released to the learner when the teacher has scored it.
+
+    ``segments`` is the trajectory so far, ending with this turn's action (or, for a
+    trajectory with no action at all, a closing turn whose segments hold no action).
+    ``teacher_logprobs`` has one entry per scored token of the action.
+    """
+
+    group_id: str
+    trajectory_id: str
+    prompt_ids: tuple[int, ...]
+    index: int
+    segments: tuple[Segment, ...]
+    teacher_logprobs: tuple[float, ...]
+    last: bool
+    policy_version: int = 0
+
+    @property
+    def action(self) -> Segment | None:
+        if self.segments and self.segments[-1].kind == "action":
+            return self.segments[-1]
+        return None
+
+
+def turns_of(traj: Trajectory, teacher_by_turn: Sequence[tuple[float, ...]]) -> list[Turn]:
+    """The trajectory's action turns in order; the last one closes the trajectory."""
+    action_at = [i for i, s in enumerate(traj.segments) if s.kind == "action"]
+
+    def turn(index: int, segments: tuple[Segment, ...], teacher: tuple[float, ...]) -> Turn:
+        return Turn(
+            group_id=traj.group_id,
+            trajectory_id=traj.trajectory_id,
+            prompt_ids=traj.prompt_ids,
+            index=index,
+            segments=segments,
+            teacher_logprobs=teacher,
+            last=index == max(len(action_at) - 1, 0),
+            policy_version=traj.policy_version,
+        )
+
+    if not action_at:
+        return [turn(0, (), ())]
+    return [
+        turn(k, traj.segments[: i + 1], tuple(teacher_by_turn[k])) for k, i in enumerate(action_at)
+    ]
+
+
 class _SegmentRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -17,7 +17,7 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, type=Path, help="Hugging Face causal-LM folder")
     p.add_argument("--batch", required=True, type=Path, help="batch file, one trajectory a line")
-    p.add_argument("--objective", default="grpo", choices=["grpo"])
+    p.add_argument("--objective", default="grpo", choices=["grpo", "opd"])
     p.add_argument("--schedule", default="sync", choices=["sync", "stream"])
     p.add_argument("--loss-agg", default="seq-sum", choices=["seq-sum", "token-mean"])
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])

@@ -1,9 +1,11 @@
 """Replay a logged batch through a learner and write the gradient: the exactness audit.
 
 ``thundersync replay`` reads a batch file (see ``batch.py``), runs it through the sync or
-the streaming learner (stream: sources in a random arrival order drawn from ``seed``), and
-writes ``gradient.safetensors`` (grad J per trainable parameter, before clipping and before
-any optimizer) and ``summary.json``. Two replays of one batch under different schedules
+the streaming learner of the objective (stream: sources in a random arrival order drawn
+from ``seed``; for OPD, turns interleaved across trajectories, each trajectory's in order),
+and writes ``gradient.safetensors`` (the objective's gradient per trainable parameter:
+grad J for GRPO, grad L for OPD, before clipping and before any optimizer) and
+``summary.json``. Two replays of one batch under different schedules
 must agree to rounding; ``compare_gradients`` measures by how much.
 """
 
@@ -19,13 +21,23 @@ from typing import Literal
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel
 
-from thundersync_core.batch import check_token_range, read_batch
+from thundersync_core.batch import Trajectory, Turn, check_token_range, read_batch, turns_of
 from thundersync_core.objectives.grpo import LossAgg
+from thundersync_core.objectives.opd import split_by_turn
 from thundersync_core.policy.io import load_model
-from thundersync_core.streaming import StreamingGRPOLearner, SyncGRPOLearner, groups_of
+from thundersync_core.streaming import (
+    StreamingGRPOLearner,
+    StreamingOPDLearner,
+    SyncGRPOLearner,
+    SyncOPDLearner,
+    groups_of,
+)
+from thundersync_core.streaming.base import LearnerBase
 
 Schedule = Literal["sync", "stream"]
+OBJECTIVES = ("grpo", "opd")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
@@ -41,44 +53,47 @@ def replay(
     seed: int = 0,
     max_open_groups: int = 4,
 ) -> dict[str, object]:
-    if objective != "grpo":
-        raise ValueError(f"--objective {objective!r}: supported objectives are: grpo")
+    """Replay ``batch_path``; nothing is written unless the whole batch is valid."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"--objective {objective!r}: choose one of {sorted(OBJECTIVES)}")
+    if schedule not in ("sync", "stream"):
+        raise ValueError(f"--schedule {schedule!r}: choose sync or stream")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {sorted(DTYPES)}")
     trajectories = read_batch(batch_path)
+    teacher_turns: dict[str, list[tuple[float, ...]]] = {}
+    if objective == "opd":
+        teacher_turns = {t.trajectory_id: split_by_turn(t) for t in trajectories}
     model = load_model(model_dir, dtype=DTYPES[dtype])
     check_token_range(trajectories, int(model.config.vocab_size))
 
-    if schedule == "stream":
-        learner: StreamingGRPOLearner | SyncGRPOLearner = StreamingGRPOLearner(
-            model, loss_agg=loss_agg, max_open_groups=max_open_groups
-        )
-        order = list(trajectories)
-        random.Random(seed).shuffle(order)
-    elif schedule == "sync":
-        learner = SyncGRPOLearner(model, loss_agg=loss_agg)
-        order = list(trajectories)
-    else:
-        raise ValueError(f"--schedule {schedule!r}: choose sync or stream")
-    versions = {t.policy_version for t in trajectories}
-    learner.policy_version = min(versions)
-
+    rng = random.Random(seed)
     start_s = time.perf_counter()
-    learner.begin_batch(groups_of(trajectories))
-    for traj in order:
-        learner.submit(traj)
+    if objective == "grpo":
+        learner = _feed_grpo(
+            model,
+            trajectories,
+            schedule=schedule,
+            loss_agg=loss_agg,
+            max_open_groups=max_open_groups,
+            rng=rng,
+        )
+    else:
+        learner = _feed_opd(model, trajectories, teacher_turns, schedule, rng)
     result = learner.finish()
     wall_s = time.perf_counter() - start_s
 
     summary: dict[str, object] = {
         "objective_name": objective,
         "objective": result.objective,
+        "gradient_of": "J (ascent)" if objective == "grpo" else "L (descent)",
         "schedule": schedule,
-        "loss_agg": loss_agg,
+        "loss_agg": loss_agg if objective == "grpo" else "token-mean",
         "dtype": dtype,
         "seed": seed,
         "n_sources": result.n_sources,
         "n_groups": result.n_groups,
+        "n_trajectories": len(trajectories),
         "n_scored_tokens": result.n_scored_tokens,
         "scale": result.scale,
         "wall_s": wall_s,
@@ -87,6 +102,69 @@ def replay(
     tensors = {name: g.detach().contiguous() for name, g in result.grad_objective.items()}
     _write_outputs(out_dir, tensors, summary)
     return summary
+
+
+def _feed_grpo(
+    model: PreTrainedModel,
+    trajectories: list[Trajectory],
+    *,
+    schedule: Schedule,
+    loss_agg: LossAgg,
+    max_open_groups: int,
+    rng: random.Random,
+) -> LearnerBase:
+    version = min(t.policy_version for t in trajectories)
+    learner: StreamingGRPOLearner | SyncGRPOLearner
+    if schedule == "stream":
+        learner = StreamingGRPOLearner(
+            model, loss_agg=loss_agg, max_open_groups=max_open_groups, policy_version=version
+        )
+        trajectories = rng.sample(trajectories, len(trajectories))
+    else:
+        learner = SyncGRPOLearner(model, loss_agg=loss_agg, policy_version=version)
+    learner.begin_batch(groups_of(trajectories))
+    for traj in trajectories:
+        learner.submit(traj)
+    return learner
+
+
+def _feed_opd(
+    model: PreTrainedModel,
+    trajectories: list[Trajectory],
+    teacher_turns: dict[str, list[tuple[float, ...]]],
+    schedule: Schedule,
+    rng: random.Random,
+) -> LearnerBase:
+    version = min(t.policy_version for t in trajectories)
+    if schedule == "sync":
+        sync = SyncOPDLearner(model, policy_version=version)
+        sync.begin_batch(groups_of(trajectories))
+        for traj in trajectories:
+            sync.submit(traj)
+        return sync
+    stream = StreamingOPDLearner(model, policy_version=version)
+    stream.begin_batch(groups_of(trajectories))
+    turns = {t.trajectory_id: turns_of(t, teacher_turns[t.trajectory_id]) for t in trajectories}
+    for turn in interleave(turns, rng):
+        stream.submit_turn(turn)
+    return stream
+
+
+def interleave(queues: dict[str, list[Turn]], rng: random.Random) -> list[Turn]:
+    """A random arrival order of turns across trajectories, each trajectory's turns in order.
+
+    Drawing the next trajectory with probability proportional to its remaining turns makes
+    every interleaving equally likely.
+    """
+    pending = {tid: list(turns) for tid, turns in queues.items() if turns}
+    order = []
+    while pending:
+        ids = sorted(pending)
+        tid = rng.choices(ids, weights=[len(pending[t]) for t in ids])[0]
+        order.append(pending[tid].pop(0))
+        if not pending[tid]:
+            del pending[tid]
+    return order
 
 
 def _write_outputs(out_dir: Path, tensors: dict[str, torch.Tensor], summary: dict) -> None:

@@ -10,7 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import random_batch, reference_grad_j, rel_diff
+from tests.helpers import (
+    multi_turn_batch,
+    random_batch,
+    reference_grad_j,
+    reference_grad_l,
+    rel_diff,
+)
 from thundersync_core.batch import trajectory_to_json
 from thundersync_core.policy import load_model
 from thundersync_core.replay import compare_gradients
@@ -79,3 +85,52 @@ def test_model_folder_must_be_a_hugging_face_folder(batch_file, tmp_path):
     done = thundersync("replay", "--model", str(tmp_path), "--batch", str(path), "--out", "x")
     assert done.returncode == 2
     assert "no config.json" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def opd_batch_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("opd") / "batch.jsonl"
+    batch = multi_turn_batch(seed=31, vocab=1024)
+    path.write_text("".join(trajectory_to_json(t) + "\n" for t in batch))
+    return path, batch
+
+
+def test_replay_opd_sync_and_stream_agree_in_fp64(micro_model_dir, opd_batch_file, tmp_path):
+    path, batch = opd_batch_file
+    outs = []
+    for schedule, seed in [("sync", 0), ("stream", 3), ("stream", 4)]:
+        out = tmp_path / f"{schedule}-{seed}"
+        done = thundersync(
+            "replay", "--model", str(micro_model_dir), "--batch", str(path),
+            "--objective", "opd", "--schedule", schedule, "--dtype", "float64",
+            "--seed", str(seed), "--out", str(out),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        outs.append(out / "gradient.safetensors")
+    assert compare_gradients(outs[0], outs[1]) <= 1e-10
+    assert compare_gradients(outs[0], outs[2]) <= 1e-10
+    model = load_model(micro_model_dir, dtype=torch.float64)
+    loss, ref = reference_grad_l(model, batch)
+    assert rel_diff(ref, load_file(str(outs[1]))) <= 1e-10
+    summary = json.loads((tmp_path / "stream-3" / "summary.json").read_text())
+    assert summary["objective"] == pytest.approx(loss, rel=1e-10)
+    assert summary["n_sources"] == sum(sum(s.kind == "action" for s in t.segments) for t in batch)
+
+
+def test_replay_opd_refuses_missing_teacher_scores_naming_the_turn(
+    micro_model_dir, opd_batch_file, tmp_path
+):
+    path, _ = opd_batch_file
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records[3]["teacher_logprobs"] = records[3]["teacher_logprobs"][:-1]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out"
+    done = thundersync(
+        "replay", "--model", str(micro_model_dir), "--batch", str(broken),
+        "--objective", "opd", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"trajectory {records[3]['trajectory_id']!r}" in done.stderr
+    assert "per turn" in done.stderr
+    assert not out.exists()

@@ -71,3 +71,29 @@ def prefix_key_values(
             )
         pairs.append((keys, values))
     return pairs
+
+
+def chunk_forward(
+    model: PreTrainedModel,
+    input_ids_T: torch.Tensor,
+    targets_T: torch.Tensor,
+    scored_T: torch.Tensor,
+    cache: DynamicCache,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Forward one chunk after ``cache``; return (logprobs_N, new_kv_flat).
+
+    Hidden state i predicts ``targets_T[i]``; only scored targets are projected onto the
+    vocabulary. ``new_kv_flat`` holds this chunk's keys and values per layer
+    ([k0, v0, k1, v1, ...]), graph attached when grad is enabled. ``cache`` is consumed.
+    """
+    past_len = cache.get_seq_length()
+    out = model.base_model(input_ids=input_ids_T[None], past_key_values=cache, use_cache=True)
+    new_kv = []
+    for layer in out.past_key_values.layers:
+        new_kv += [layer.keys[:, :, past_len:], layer.values[:, :, past_len:]]
+    if not bool(scored_T.any()):
+        return torch.zeros(0, device=input_ids_T.device), new_kv
+    hidden_NH = out.last_hidden_state[0][scored_T]
+    logits_NV = model.get_output_embeddings()(hidden_NH)
+    logp_NV = F.log_softmax(logits_NV.to(_head_dtype(logits_NV.dtype)), dim=-1)
+    return logp_NV.gather(-1, targets_T[scored_T][:, None])[:, 0], new_kv

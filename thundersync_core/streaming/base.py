@@ -2,27 +2,25 @@
 
 A learner trains one logical batch at a time:
 
-    learner.begin_batch(groups)      # which groups (prompt, size) the batch holds
-    learner.submit(trajectory)       # once per trajectory, in any arrival order
-    result = learner.finish()        # the barrier: gradient of J into p.grad, once
+    learner.begin_batch(groups)      # which groups (prompt, trajectory count) the batch holds
+    learner.submit(...)              # sources, in any arrival order
+    result = learner.finish()        # the barrier: scaled gradient into p.grad, once
     optimizer.step()                 # or learner.step(optimizer), which does both
 
-Gradients are accumulated in ``accum_dtype`` (float32, or float64 for float64 models) and
-hold grad J; ``finish`` writes p.grad = -c * grad J, i.e. the gradient of the loss -J that
-an optimizer minimises. Nothing touches p.grad before the barrier.
+Gradients are accumulated unscaled in ``accum_dtype`` (float32, or float64 for float64
+models). At the barrier the batch scalar c is applied once and p.grad receives the gradient
+of the loss an optimizer minimises: -c * grad J for an objective that is maximised (GRPO),
+c * grad L for one that is minimised (OPD). Nothing touches p.grad before the barrier.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
-
-from thundersync_core.batch import Trajectory
-from thundersync_core.objectives.grpo import LossAgg, batch_scale
 
 
 class LearnerRefusal(RuntimeError):
@@ -37,6 +35,8 @@ class GroupSpec:
 
 @dataclass
 class BatchResult:
+    """``grad_objective`` is the gradient of the objective as stated (J or L), scaled by c."""
+
     objective: float
     grad_objective: dict[str, torch.Tensor]
     n_groups: int
@@ -46,7 +46,14 @@ class BatchResult:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-def groups_of(trajectories: Sequence[Trajectory]) -> dict[str, GroupSpec]:
+class _HasGroup(Protocol):
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def prompt_ids(self) -> tuple[int, ...]: ...
+
+
+def groups_of(trajectories: Sequence[_HasGroup]) -> dict[str, GroupSpec]:
     """Group specs read off a complete batch (for replay and the sync reference)."""
     sizes: dict[str, int] = {}
     prompts: dict[str, tuple[int, ...]] = {}
@@ -61,19 +68,19 @@ def default_accum_dtype(model: PreTrainedModel) -> torch.dtype:
 
 
 class LearnerBase:
-    """Batch bookkeeping, input checks and the barrier; subclasses do the gradient work."""
+    """Batch bookkeeping, source checks and the barrier; subclasses do the gradient work."""
+
+    #: True when the objective is maximised (p.grad = -c * grad).
+    maximise = True
 
     def __init__(
         self,
         model: PreTrainedModel,
         *,
-        loss_agg: LossAgg = "seq-sum",
         accum_dtype: torch.dtype | None = None,
         policy_version: int = 0,
     ) -> None:
-        batch_scale(loss_agg, 1, 1)  # validates the name early
         self.model = model
-        self.loss_agg: LossAgg = loss_agg
         self.accum_dtype = accum_dtype or default_accum_dtype(model)
         self.policy_version = policy_version
         self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -82,7 +89,7 @@ class LearnerBase:
         self.params = [p for _, p in self.named_params]
         self.device = self.params[0].device
         self._groups: dict[str, GroupSpec] = {}
-        self._seen: dict[str, set[str]] = {}
+        self._done: dict[str, set[str]] = {}
         self._param_versions: list[int] = []
         self._grad_sum: list[torch.Tensor] = []
         self._objective_sum = 0.0
@@ -98,7 +105,7 @@ class LearnerBase:
             if spec.size < 1 or not spec.prompt_ids:
                 raise LearnerRefusal(f"group {gid!r}: needs size >= 1 and a non-empty prompt")
         self._groups = dict(groups)
-        self._seen = {g: set() for g in groups}
+        self._done = {g: set() for g in groups}
         self._param_versions = [p._version for p in self.params]
         self._grad_sum = [torch.zeros_like(p, dtype=self.accum_dtype) for p in self.params]
         self._objective_sum = 0.0
@@ -107,25 +114,19 @@ class LearnerBase:
         self._in_batch = True
         self._on_begin()
 
-    def submit(self, traj: Trajectory) -> None:
-        self._check_source(traj)
-        self._seen[traj.group_id].add(traj.trajectory_id)
-        self._n_sources += 1
-        self._n_scored_tokens += traj.n_scored_tokens
-        self._on_submit(traj)
-
     def finish(self) -> BatchResult:
         """The barrier: refuse unless safe, then write the scaled gradient into p.grad."""
         self._check_versions()
         self._check_complete()
         self._on_barrier()
         self.assert_safe_to_step()
-        scale = batch_scale(self.loss_agg, len(self._groups), self._n_scored_tokens)
+        scale = self._scale()
+        sign = -1.0 if self.maximise else 1.0
         grads = {}
         for (name, p), acc in zip(self.named_params, self._grad_sum, strict=True):
             acc.mul_(scale)
             grads[name] = acc
-            p.grad = (-acc).to(p.dtype)
+            p.grad = (sign * acc).to(p.dtype)
         self._in_batch = False
         return BatchResult(
             objective=scale * self._objective_sum,
@@ -153,13 +154,21 @@ class LearnerBase:
         if busy:
             raise LearnerRefusal(f"not safe to step: {busy}")
 
+    def gradient_so_far(self) -> list[torch.Tensor]:
+        """The unscaled gradient accumulated in this batch so far (copies)."""
+        return [acc.clone() for acc in self._grad_sum]
+
+    def counters_so_far(self) -> dict[str, int]:
+        return self._counters()
+
+    # -- checks ----------------------------------------------------------------------------
     def _check_complete(self) -> None:
         if not self._in_batch:
             raise LearnerRefusal("no batch in progress: call begin_batch first")
         missing = {
-            g: f"{len(self._seen[g])}/{spec.size}"
+            g: f"{len(self._done[g])}/{spec.size}"
             for g, spec in self._groups.items()
-            if len(self._seen[g]) < spec.size
+            if len(self._done[g]) < spec.size
         }
         if missing:
             listed = ", ".join(f"{g} ({n})" for g, n in list(missing.items())[:5])
@@ -167,31 +176,36 @@ class LearnerBase:
                 f"not safe to step: {len(missing)} group(s) still open, sources pending: {listed}"
             )
 
-    # -- checks ----------------------------------------------------------------------------
-    def _check_source(self, traj: Trajectory) -> None:
-        tid = traj.trajectory_id
+    def _check_source(
+        self, group_id: str, trajectory_id: str, prompt_ids: tuple[int, ...], version: int
+    ) -> None:
+        tid = trajectory_id
         if not self._in_batch:
             raise LearnerRefusal(f"trajectory {tid!r} submitted outside a batch")
-        if not math.isfinite(traj.reward):
-            raise LearnerRefusal(f"trajectory {tid!r}: reward {traj.reward} is not finite")
-        if traj.policy_version != self.policy_version:
+        if version != self.policy_version:
             raise LearnerRefusal(
-                f"trajectory {tid!r} was generated by policy version {traj.policy_version}; "
+                f"trajectory {tid!r} was generated by policy version {version}; "
                 f"this batch trains version {self.policy_version}"
             )
-        spec = self._groups.get(traj.group_id)
+        spec = self._groups.get(group_id)
         if spec is None:
-            raise LearnerRefusal(f"trajectory {tid!r}: group {traj.group_id!r} is not registered")
-        if traj.prompt_ids != spec.prompt_ids:
+            raise LearnerRefusal(f"trajectory {tid!r}: group {group_id!r} is not registered")
+        if prompt_ids != spec.prompt_ids:
             raise LearnerRefusal(f"trajectory {tid!r}: prompt differs from its group's prompt")
-        seen = self._seen[traj.group_id]
-        if tid in seen:
+        done = self._done[group_id]
+        if tid in done:
             raise LearnerRefusal(f"trajectory {tid!r} submitted twice")
-        if len(seen) >= spec.size:
+        if len(done) >= spec.size:
             raise LearnerRefusal(
-                f"trajectory {tid!r}: group {traj.group_id!r} already has {spec.size} trajectories"
+                f"trajectory {tid!r}: group {group_id!r} already has {spec.size} trajectories"
             )
         self._check_versions()
+
+    def _mark_done(self, group_id: str, trajectory_id: str) -> None:
+        self._done[group_id].add(trajectory_id)
+
+    def _group_complete(self, group_id: str) -> bool:
+        return len(self._done[group_id]) == self._groups[group_id].size
 
     def _check_versions(self) -> None:
         for (name, p), v in zip(self.named_params, self._param_versions, strict=True):
@@ -207,11 +221,11 @@ class LearnerBase:
                 acc.add_(g.to(self.accum_dtype), alpha=coeff)
 
     # -- subclass hooks --------------------------------------------------------------------
+    def _scale(self) -> float:
+        raise NotImplementedError
+
     def _on_begin(self) -> None:
         pass
-
-    def _on_submit(self, traj: Trajectory) -> None:
-        raise NotImplementedError
 
     def _on_barrier(self) -> None:
         pass

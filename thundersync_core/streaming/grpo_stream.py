@@ -23,7 +23,8 @@ from transformers import PreTrainedModel
 from thundersync_core.batch import Trajectory
 from thundersync_core.objectives.grpo import LossAgg, advantages, close_coefficients
 from thundersync_core.policy.logprobs import scored_logprobs
-from thundersync_core.streaming.base import GroupSpec, LearnerBase, LearnerRefusal
+from thundersync_core.streaming.base import GroupSpec, LearnerRefusal
+from thundersync_core.streaming.grpo_base import GRPOLearnerBase
 from thundersync_core.streaming.prefix import SharedPrefix
 
 
@@ -42,7 +43,7 @@ class _OpenGroup:
         return len(self.rewards) == self.spec.size
 
 
-class StreamingGRPOLearner(LearnerBase):
+class StreamingGRPOLearner(GRPOLearnerBase):
     def __init__(
         self,
         model: PreTrainedModel,

@@ -17,10 +17,10 @@ from transformers import PreTrainedModel
 from thundersync_core.batch import Trajectory
 from thundersync_core.objectives.grpo import LossAgg, advantages
 from thundersync_core.policy.logprobs import scored_logprobs
-from thundersync_core.streaming.base import LearnerBase
+from thundersync_core.streaming.grpo_base import GRPOLearnerBase
 
 
-class SyncGRPOLearner(LearnerBase):
+class SyncGRPOLearner(GRPOLearnerBase):
     def __init__(
         self,
         model: PreTrainedModel,
@@ -84,9 +84,7 @@ class SyncGRPOLearner(LearnerBase):
             yield chunk
 
     def _backward_rows(self, rows: Sequence[tuple[Trajectory, float]]) -> None:
-        ids_BT, scored_BT, mask_BT = _right_padded(
-            [(list(t.prompt_ids) + list(t.response_ids), t) for t, _ in rows], self.device
-        )
+        ids_BT, scored_BT, mask_BT = right_padded([t for t, _ in rows], self.device)
         logprobs_N, row_N = scored_logprobs(
             self.model, ids_BT, scored_BT, attention_mask_BT=mask_BT
         )
@@ -106,18 +104,19 @@ class SyncGRPOLearner(LearnerBase):
         return {"rows_backpropagated": self._rows_run}
 
 
-def _right_padded(
-    rows: Sequence[tuple[list[int], Trajectory]], device: torch.device
+def right_padded(
+    rows: Sequence[Trajectory], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """ids_BT, scored_BT and a padding mask (None when every row has the same length)."""
-    width = max(len(ids) for ids, _ in rows)
+    sequences = [list(t.prompt_ids) + list(t.response_ids) for t in rows]
+    width = max(len(ids) for ids in sequences)
     ids_BT = torch.zeros(len(rows), width, dtype=torch.long, device=device)
     scored_BT = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
     mask_BT = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    for b, (ids, traj) in enumerate(rows):
+    for b, (ids, traj) in enumerate(zip(sequences, rows, strict=True)):
         n_prompt = len(traj.prompt_ids)
         ids_BT[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         scored_BT[b, n_prompt : len(ids)] = torch.tensor(traj.response_scored, dtype=torch.bool)
         mask_BT[b, : len(ids)] = 1
-    uniform = all(len(ids) == width for ids, _ in rows)
+    uniform = all(len(ids) == width for ids in sequences)
     return ids_BT, scored_BT, None if uniform else mask_BT

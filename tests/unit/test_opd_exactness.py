@@ -1,0 +1,178 @@
+"""Streamed OPD (turn-level release) equals the sync update and a plain reference.
+
+The reference runs one forward of each full trajectory and one backward of L; the streamed
+learner never sees a full trajectory at once, so a missing or doubled boundary adjoint (a
+later turn's gradient into an earlier turn's keys/values) shows up as an O(1) relative
+error. Tolerances as for GRPO: float64 1e-10, float32 1e-5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import multi_turn_batch, reference_grad_l, rel_diff
+from thundersync_core.batch import Segment, turns_of
+from thundersync_core.objectives.opd import TeacherScoreError, split_by_turn
+from thundersync_core.replay import interleave
+from thundersync_core.streaming import (
+    GroupSpec,
+    LearnerRefusal,
+    StreamingOPDLearner,
+    SyncOPDLearner,
+    groups_of,
+)
+
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def all_turns(batch):
+    return {t.trajectory_id: turns_of(t, split_by_turn(t)) for t in batch}
+
+
+def run_stream(model, batch, seed):
+    learner = StreamingOPDLearner(model)
+    learner.begin_batch(groups_of(batch))
+    for turn in interleave(all_turns(batch), random.Random(seed)):
+        learner.submit_turn(turn)
+    return learner, learner.finish()
+
+
+def run_sync(model, batch):
+    learner = SyncOPDLearner(model)
+    learner.begin_batch(groups_of(batch))
+    for traj in batch:
+        learner.submit(traj)
+    return learner.finish()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return multi_turn_batch(seed=13, vocab=1024)
+
+
+@pytest.fixture(scope="module")
+def references(micro64, micro32, batch):
+    return {
+        torch.float64: reference_grad_l(micro64, batch),
+        torch.float32: reference_grad_l(micro32, batch),
+    }
+
+
+def test_batch_has_one_to_six_turns(batch):
+    counts = sorted(sum(s.kind == "action" for s in t.segments) for t in batch)
+    assert counts == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_sync_and_stream_match_reference(micro64, micro32, batch, references, dtype):
+    model = micro64 if dtype == torch.float64 else micro32
+    ref_loss, ref_grads = references[dtype]
+    sync = run_sync(model, batch)
+    _, stream = run_stream(model, batch, seed=0)
+    for result in (sync, stream):
+        assert rel_diff(ref_grads, result.grad_objective) <= TOLERANCE[dtype]
+        assert result.objective == pytest.approx(ref_loss, rel=TOLERANCE[dtype])
+    assert rel_diff(sync.grad_objective, stream.grad_objective) <= TOLERANCE[dtype]
+    # p.grad holds grad L itself: OPD's objective is minimised.
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, stream.grad_objective[name].to(p.dtype))
+    model.zero_grad(set_to_none=True)
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(order_seed=st.integers(0, 2**31))
+def test_any_turn_arrival_order_is_exact(micro64, batch, references, order_seed):
+    _, result = run_stream(micro64, batch, order_seed)
+    assert rel_diff(references[torch.float64][1], result.grad_objective) <= 1e-10
+
+
+def test_turn_gradient_exists_before_its_trajectory_is_complete(micro64, batch):
+    """The learner works on turn 0 while later turns (and their tool calls) are pending."""
+    traj = next(t for t in batch if sum(s.kind == "action" for s in t.segments) == 4)
+    turns = turns_of(traj, split_by_turn(traj))
+    learner = StreamingOPDLearner(micro64)
+    learner.begin_batch(groups_of(batch))
+    assert all(float(g.abs().max()) == 0 for g in learner.gradient_so_far())
+    learner.submit_turn(turns[0])
+    after_first = learner.gradient_so_far()
+    assert max(float(g.abs().max()) for g in after_first) > 0
+    assert learner.counters_so_far()["turn_backwards"] == 1
+    with pytest.raises(LearnerRefusal, match="still open"):
+        learner.assert_safe_to_step()
+    # Turn 0's direct term is final: later turns add their own terms on top.
+    solo = dataclasses.replace(turns[0], trajectory_id="solo")
+    one = StreamingOPDLearner(micro64)
+    one.begin_batch({traj.group_id: GroupSpec(traj.prompt_ids, 1)})
+    one.submit_turn(solo)
+    for a, b in zip(after_first, one.gradient_so_far(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+
+
+def test_replay_touches_each_segment_once(micro64, batch):
+    learner, result = run_stream(micro64, batch, seed=5)
+    log = learner.replay_log
+    assert len(log) == len(set(log)), "a chunk was replayed twice"
+    # Every chunk but a trajectory's last receives adjoints from later chunks and is
+    # replayed; the last one has no later reader and is never recomputed.
+    chunks_per_traj: dict[str, int] = {}
+    for tid, index in log:
+        chunks_per_traj[tid] = max(chunks_per_traj.get(tid, 0), index + 1)
+    for traj in batch:
+        n_actions = sum(s.kind == "action" for s in traj.segments)
+        expected_chunks = 2 * n_actions - 1  # action chunks + context chunks between them
+        replayed = sorted(i for tid, i in log if tid == traj.trajectory_id)
+        assert replayed == list(range(expected_chunks - 1))
+    assert result.counters["prefix_replays"] == 2  # one per group
+
+
+def test_trailing_observation_needs_no_work(micro64, batch):
+    traj = batch[2]
+    longer = dataclasses.replace(
+        traj, segments=(*traj.segments, Segment.observation([1, 2, 3])), trajectory_id="x"
+    )
+    base = dataclasses.replace(traj, trajectory_id="x")
+    counters = []
+    for candidate in (base, longer):
+        _, result = run_stream(micro64, [candidate], seed=0)
+        counters.append(result.counters)
+    assert counters[0] == counters[1]
+
+
+def test_teacher_scores_are_checked_per_turn(micro64, batch):
+    traj = next(t for t in batch if sum(s.kind == "action" for s in t.segments) == 3)
+    bad = list(traj.teacher_logprobs)
+    bad[-1] = float("nan")
+    with pytest.raises(TeacherScoreError, match=rf"{traj.trajectory_id!r} turn 2: .*not finite"):
+        split_by_turn(dataclasses.replace(traj, teacher_logprobs=tuple(bad)))
+    with pytest.raises(TeacherScoreError, match=r"per turn: \["):
+        split_by_turn(dataclasses.replace(traj, teacher_logprobs=tuple(bad[:-1])))
+    turn = turns_of(traj, split_by_turn(traj))[1]
+    learner = StreamingOPDLearner(micro64)
+    learner.begin_batch(groups_of(batch))
+    learner.submit_turn(turns_of(traj, split_by_turn(traj))[0])
+    short = dataclasses.replace(turn, teacher_logprobs=turn.teacher_logprobs[:-1])
+    with pytest.raises(TeacherScoreError, match=rf"{traj.trajectory_id!r} turn 1"):
+        learner.submit_turn(short)
+
+
+def test_turns_must_arrive_in_order(micro64, batch):
+    traj = next(t for t in batch if sum(s.kind == "action" for s in t.segments) == 3)
+    turns = turns_of(traj, split_by_turn(traj))
+    learner = StreamingOPDLearner(micro64)
+    learner.begin_batch(groups_of(batch))
+    with pytest.raises(LearnerRefusal, match="turn 1 arrived before turn 0"):
+        learner.submit_turn(turns[1])
+    learner.submit_turn(turns[0])
+    with pytest.raises(LearnerRefusal, match="turn 2 arrived, expected turn 1"):
+        learner.submit_turn(turns[2])
