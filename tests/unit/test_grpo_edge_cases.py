@@ -169,3 +169,14 @@ def test_step_applies_once_and_advances_the_version():
     expected = before + 0.1 * result.grad_objective["model.norm.weight"]  # ascent on J
     torch.testing.assert_close(model.model.norm.weight.detach(), expected)
     assert learner.policy_version == 1
+
+
+def test_micro_batched_sync_equals_one_batch(micro64):
+    batch = random_batch(seed=12, vocab=1024, n_groups=3, group_size=4)
+    whole = run(SyncGRPOLearner(micro64), batch)
+    small = SyncGRPOLearner(micro64, micro_batch_tokens=40)
+    pieces = run(small, batch)
+    assert rel_diff(whole.grad_objective, pieces.grad_objective) <= 1e-12
+    assert pieces.objective == pytest.approx(whole.objective, rel=1e-12)
+    with pytest.raises(ValueError, match="micro_batch_tokens must be >= 1"):
+        SyncGRPOLearner(micro64, micro_batch_tokens=0)

@@ -9,7 +9,7 @@ exact). Rows with a zero advantage or no scored token are skipped: they add noth
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -18,6 +18,12 @@ from thundersync_core.batch import Trajectory
 from thundersync_core.objectives.grpo import LossAgg, advantages
 from thundersync_core.policy.logprobs import scored_logprobs
 from thundersync_core.streaming.grpo_base import GRPOLearnerBase
+from thundersync_core.streaming.rows import (
+    check_micro_batch_tokens,
+    micro_batches,
+    right_padded,
+    sequence_length,
+)
 
 
 class SyncGRPOLearner(GRPOLearnerBase):
@@ -30,12 +36,10 @@ class SyncGRPOLearner(GRPOLearnerBase):
         accum_dtype: torch.dtype | None = None,
         policy_version: int = 0,
     ) -> None:
-        if micro_batch_tokens is not None and micro_batch_tokens < 1:
-            raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {micro_batch_tokens}")
         super().__init__(
             model, loss_agg=loss_agg, accum_dtype=accum_dtype, policy_version=policy_version
         )
-        self.micro_batch_tokens = micro_batch_tokens
+        self.micro_batch_tokens = check_micro_batch_tokens(micro_batch_tokens)
 
     def _on_begin(self) -> None:
         self._batch: list[Trajectory] = []
@@ -49,7 +53,8 @@ class SyncGRPOLearner(GRPOLearnerBase):
         if self._backward_done:
             return
         rows = self._weighted_rows()
-        for chunk in self._micro_batches(rows):
+        lengths = [sequence_length(t) for t, _ in rows]
+        for chunk in micro_batches(rows, lengths, self.micro_batch_tokens):
             self._backward_rows(chunk)
         self._backward_done = True
 
@@ -63,25 +68,6 @@ class SyncGRPOLearner(GRPOLearnerBase):
                 if adv != 0.0 and traj.n_scored_tokens > 0:
                     rows.append((traj, adv))
         return rows
-
-    def _micro_batches(
-        self, rows: Sequence[tuple[Trajectory, float]]
-    ) -> Iterator[list[tuple[Trajectory, float]]]:
-        if self.micro_batch_tokens is None:
-            if rows:
-                yield list(rows)
-            return
-        chunk: list[tuple[Trajectory, float]] = []
-        longest = 0
-        for row in rows:
-            length = len(row[0].prompt_ids) + len(row[0].response_ids)
-            if chunk and max(longest, length) * (len(chunk) + 1) > self.micro_batch_tokens:
-                yield chunk
-                chunk, longest = [], 0
-            chunk.append(row)
-            longest = max(longest, length)
-        if chunk:
-            yield chunk
 
     def _backward_rows(self, rows: Sequence[tuple[Trajectory, float]]) -> None:
         ids_BT, scored_BT, mask_BT = right_padded([t for t, _ in rows], self.device)
@@ -102,21 +88,3 @@ class SyncGRPOLearner(GRPOLearnerBase):
 
     def _counters(self) -> dict[str, int]:
         return {"rows_backpropagated": self._rows_run}
-
-
-def right_padded(
-    rows: Sequence[Trajectory], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """ids_BT, scored_BT and a padding mask (None when every row has the same length)."""
-    sequences = [list(t.prompt_ids) + list(t.response_ids) for t in rows]
-    width = max(len(ids) for ids in sequences)
-    ids_BT = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    scored_BT = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
-    mask_BT = torch.zeros(len(rows), width, dtype=torch.long, device=device)
-    for b, (ids, traj) in enumerate(zip(sequences, rows, strict=True)):
-        n_prompt = len(traj.prompt_ids)
-        ids_BT[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        scored_BT[b, n_prompt : len(ids)] = torch.tensor(traj.response_scored, dtype=torch.bool)
-        mask_BT[b, : len(ids)] = 1
-    uniform = all(len(ids) == width for ids in sequences)
-    return ids_BT, scored_BT, None if uniform else mask_BT

@@ -1,29 +1,32 @@
 """The streaming OPD learner: a turn's backward runs as soon as the teacher has scored it.
 
-Per trajectory the learner holds a list of key/value chunks (see ``chunks.py``); positions
-[0, P-1) of the prompt are the group's shared prefix. When turn k arrives (action tokens at
-positions [a, e)):
+Positions [0, P-1) of the prompt are the group's shared prefix (forwarded once per group).
+Each open trajectory keeps the keys/values of its positions since then, detached, and an
+adjoint ledger of the same shape. When turn k arrives (action tokens at positions [a, e)):
 
-1. context not yet forwarded, [done, a-1), (observations, the previous action's last
-   token) becomes a context chunk, forwarded without grad;
-2. the action chunk [a-1, e-1) is forwarded after the proxies of every earlier chunk; its
-   hidden states predict exactly the action's tokens; its loss is backpropagated at once
-   into the parameters and into the earlier chunks' adjoint ledgers.
+1. the chunk [done, e-1) is forwarded: the context that arrived since the last turn
+   (the previous action's last token, the observation) plus the action but its last token,
+   whose hidden states predict exactly the action's tokens. It attends to one detached leaf
+   per layer holding every earlier key/value (prompt and earlier turns);
+2. the turn's loss is backpropagated at once into the parameters; what it puts on the
+   earlier keys/values is added to the trajectory's ledger (and the prompt's);
+3. the chunk's keys/values are appended, detached. No activation graph outlives the turn.
 
-At trajectory close each chunk with a non-empty ledger is recomputed and its ledger
-backpropagated, last chunk first (each chunk once; a chunk's ledger is complete when every
-later chunk has replayed). The prompt's ledger is replayed once when the group's last
-trajectory closes. A trailing observation is never forwarded. Live memory per open
-trajectory is its keys/values plus their ledgers: linear in its length, with no activation
-graph alive between turns.
+At trajectory close the ledger is replayed once: the positions before the last chunk are
+recomputed in one forward after the prompt and the ledger is backpropagated through it.
+Autograd visits the segments last to first, so each segment's keys/values receive the
+gradient every later turn put on them, in one pass. The last chunk is never recomputed (no
+later position reads it), and a trailing observation is never forwarded. The prompt's
+ledger is replayed when the group's last trajectory closes. Live memory per open trajectory
+is its keys/values plus their ledger: linear in its length.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from thundersync_core.batch import Trajectory, Turn, turns_of
 from thundersync_core.objectives.opd import (
@@ -34,14 +37,15 @@ from thundersync_core.objectives.opd import (
 )
 from thundersync_core.policy.logprobs import chunk_forward
 from thundersync_core.streaming.base import LearnerBase, LearnerRefusal
-from thundersync_core.streaming.chunks import KVChunk, cache_over
 from thundersync_core.streaming.prefix import SharedPrefix
+
+SEQ_DIM = -2  # keys/values are [batch, kv_heads, positions, head_dim]
 
 
 @dataclass
-class _GroupPrefix:
+class _GroupPrompt:
     prefix: SharedPrefix | None
-    chunk: KVChunk | None
+    ledger: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -49,9 +53,26 @@ class _OpenTrajectory:
     trajectory_id: str
     group_id: str
     tokens: list[int]
-    forwarded: int  # positions [0, forwarded) have keys/values in the prefix or chunks
+    prefix_len: int  # P - 1: positions held by the group's prompt prefix
+    forwarded: int  # positions [0, forwarded) have keys/values
+    last_chunk_start: int
     next_turn: int = 0
-    chunks: list[KVChunk] = field(default_factory=list)
+    kv: list[torch.Tensor] | None = None  # positions [prefix_len, forwarded), detached
+    ledger: list[torch.Tensor] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.kv or []) + (self.ledger or [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _add_into(ledger: list[torch.Tensor] | None, grads, like, dtype) -> list[torch.Tensor]:
+    if ledger is None:
+        ledger = [torch.zeros_like(t, dtype=dtype) for t in like]
+    for acc, g in zip(ledger, grads, strict=True):
+        if g is not None:
+            acc.add_(g.to(dtype))
+    return ledger
 
 
 class StreamingOPDLearner(LearnerBase):
@@ -65,14 +86,14 @@ class StreamingOPDLearner(LearnerBase):
         policy_version: int = 0,
     ) -> None:
         super().__init__(model, accum_dtype=accum_dtype, policy_version=policy_version)
-        #: (trajectory_id, chunk index) of every chunk replay, in order (for audits).
+        #: (trajectory_id, positions recomputed) for every trajectory replay, in order.
         self.replay_log: list[tuple[str, int]] = []
 
     def _on_begin(self) -> None:
-        self._prefixes: dict[str, _GroupPrefix] = {}
+        self._prompts: dict[str, _GroupPrompt] = {}
         self._open: dict[str, _OpenTrajectory] = {}
         self.replay_log = []
-        self._stats = {"turn_backwards": 0, "context_chunks": 0, "chunk_replays": 0}
+        self._stats = {"turn_backwards": 0, "turn_forwards": 0, "trajectory_replays": 0}
         self._stats |= {"prefix_replays": 0, "peak_live_kv_bytes": 0}
 
     def _scale(self) -> float:
@@ -91,13 +112,12 @@ class StreamingOPDLearner(LearnerBase):
         check_turn_scores(turn.trajectory_id, turn.index, n_scored, turn.teacher_logprobs)
         self._n_sources += 1
         self._n_scored_tokens += n_scored
-        if action is not None:
+        if action is not None and action.ids:
             state.tokens = list(turn.prompt_ids) + [i for s in turn.segments for i in s.ids]
             self._forward_turn(state, turn)
         state.next_turn += 1
-        self._stats["peak_live_kv_bytes"] = max(
-            self._stats["peak_live_kv_bytes"], self.live_kv_bytes()
-        )
+        live = self.live_kv_bytes()
+        self._stats["peak_live_kv_bytes"] = max(self._stats["peak_live_kv_bytes"], live)
         if turn.last:
             self._close_trajectory(turn.trajectory_id)
 
@@ -108,10 +128,9 @@ class StreamingOPDLearner(LearnerBase):
             if turn.index != 0:
                 raise LearnerRefusal(f"trajectory {tid!r}: turn {turn.index} arrived before turn 0")
             self._check_source(turn.group_id, tid, turn.prompt_ids, turn.policy_version)
-            self._group_prefix(turn.group_id)
-            state = _OpenTrajectory(
-                tid, turn.group_id, list(turn.prompt_ids), len(turn.prompt_ids) - 1
-            )
+            self._group_prompt(turn.group_id)
+            n = len(turn.prompt_ids) - 1
+            state = _OpenTrajectory(tid, turn.group_id, list(turn.prompt_ids), n, n, n)
             self._open[tid] = state
             return state
         self._check_versions()
@@ -127,133 +146,157 @@ class StreamingOPDLearner(LearnerBase):
             )
         return state
 
-    def _group_prefix(self, group_id: str) -> _GroupPrefix:
-        if group_id not in self._prefixes:
+    def _group_prompt(self, group_id: str) -> _GroupPrompt:
+        if group_id not in self._prompts:
             prompt = self._groups[group_id].prompt_ids
-            if len(prompt) > 1:
-                prefix = SharedPrefix(self.model, prompt[:-1])
-                entry = _GroupPrefix(prefix, KVChunk(prompt[:-1], prefix.proxies))
-            else:
-                entry = _GroupPrefix(None, None)
-            self._prefixes[group_id] = entry
-        return self._prefixes[group_id]
+            prefix = SharedPrefix(self.model, prompt[:-1]) if len(prompt) > 1 else None
+            self._prompts[group_id] = _GroupPrompt(prefix)
+        return self._prompts[group_id]
 
     # -- gradient work ---------------------------------------------------------------------
-    def _predecessors(self, state: _OpenTrajectory, upto: int) -> list[KVChunk]:
-        head = self._prefixes[state.group_id].chunk
-        return ([head] if head is not None else []) + state.chunks[:upto]
+    def _context_leaves(self, state: _OpenTrajectory) -> list[torch.Tensor]:
+        """One detached leaf per layer key/value: the prompt prefix then the trajectory."""
+        prefix = self._prompts[state.group_id].prefix
+        parts = [prefix.proxies] if prefix is not None else []
+        if state.kv is not None:
+            parts.append(state.kv)
+        if not parts:
+            return []
+        return [
+            torch.cat([p[i] for p in parts], dim=SEQ_DIM).detach().requires_grad_(True)
+            for i in range(len(parts[0]))
+        ]
 
     def _forward_turn(self, state: _OpenTrajectory, turn: Turn) -> None:
         action = turn.action
         assert action is not None
         end = len(state.tokens)
         start = end - len(action.ids)
-        if start == end:
-            return  # an empty action: nothing to predict, its context waits for the next turn
-        if state.forwarded < start - 1:
-            self._context_chunk(state, start - 1)
-        ids = state.tokens[state.forwarded : end - 1]
-        before = self._predecessors(state, len(state.chunks))
-        ids_T = torch.tensor(ids, device=self.device)
-        targets_T = torch.tensor(state.tokens[state.forwarded + 1 : end], device=self.device)
-        scored_T = torch.tensor(action.scored, dtype=torch.bool, device=self.device)
-        logprobs_N, new_kv = chunk_forward(
-            self.model, ids_T, targets_T, scored_T, cache_over([c.proxies for c in before])
-        )
+        done = state.forwarded
+        ids_T = torch.tensor(state.tokens[done : end - 1], device=self.device)
+        targets_T = torch.tensor(state.tokens[done + 1 : end], device=self.device)
+        scored_T = torch.zeros(end - 1 - done, dtype=torch.bool, device=self.device)
+        scored_T[start - 1 - done :] = torch.tensor(action.scored, dtype=torch.bool)
+        leaves = self._context_leaves(state)
+        cache = _cache_of(leaves)
+        with torch.set_grad_enabled(bool(scored_T.any())):
+            logprobs_N, new_kv = chunk_forward(self.model, ids_T, targets_T, scored_T, cache)
+        self._stats["turn_forwards"] += 1
         if logprobs_N.numel():
             teacher_N = torch.tensor(turn.teacher_logprobs, dtype=logprobs_N.dtype)
             loss = turn_loss(logprobs_N, teacher_N.to(self.device))
-            proxies = [p for c in before for p in c.proxies]
-            grads = torch.autograd.grad(loss, self.params + proxies, allow_unused=True)
+            grads = torch.autograd.grad(loss, self.params + leaves, allow_unused=True)
             self._add_grads(grads[: len(self.params)])
-            self._spread_adjoints(before, grads[len(self.params) :])
+            self._spread_context_adjoint(state, leaves, grads[len(self.params) :])
             self._objective_sum += float(loss.detach())
             self._stats["turn_backwards"] += 1
-        state.chunks.append(KVChunk.from_kv(ids, new_kv))
-        state.forwarded = end - 1
+        self._append_kv(state, [t.detach() for t in new_kv])
+        state.last_chunk_start, state.forwarded = done, end - 1
 
-    def _context_chunk(self, state: _OpenTrajectory, upto: int) -> None:
-        ids = state.tokens[state.forwarded : upto]
-        before = self._predecessors(state, len(state.chunks))
-        empty = torch.zeros(len(ids), dtype=torch.bool, device=self.device)
-        with torch.no_grad():
-            _, new_kv = chunk_forward(
-                self.model,
-                torch.tensor(ids, device=self.device),
-                torch.zeros(len(ids), dtype=torch.long, device=self.device),
-                empty,
-                cache_over([c.proxies for c in before]),
-            )
-        state.chunks.append(KVChunk.from_kv(ids, new_kv))
-        state.forwarded = upto
-        self._stats["context_chunks"] += 1
-
-    def _spread_adjoints(
-        self, chunks: list[KVChunk], grads: tuple[torch.Tensor | None, ...]
+    def _spread_context_adjoint(
+        self,
+        state: _OpenTrajectory,
+        leaves: list[torch.Tensor],
+        grads: tuple[torch.Tensor | None, ...],
     ) -> None:
-        offset = 0
-        for chunk in chunks:
-            n = len(chunk.proxies)
-            chunk.add_adjoint(grads[offset : offset + n], self.accum_dtype)
-            offset += n
+        """Split each leaf's gradient into the prompt's ledger and the trajectory's."""
+        n_prefix = state.prefix_len
+        prompt = self._prompts[state.group_id]
+        if prompt.prefix is not None:
+            head = [g.narrow(SEQ_DIM, 0, n_prefix) if g is not None else None for g in grads]
+            prompt.ledger = _add_into(prompt.ledger, head, prompt.prefix.proxies, self.accum_dtype)
+        if state.kv is not None:
+            n_own = leaves[0].shape[SEQ_DIM] - n_prefix
+            tail = [g.narrow(SEQ_DIM, n_prefix, n_own) if g is not None else None for g in grads]
+            if state.ledger is not None:
+                state.ledger = [_pad_to(t, n_own) for t in state.ledger]
+            state.ledger = _add_into(state.ledger, tail, state.kv, self.accum_dtype)
+
+    def _append_kv(self, state: _OpenTrajectory, new_kv: list[torch.Tensor]) -> None:
+        if state.kv is None:
+            state.kv = new_kv
+        else:
+            state.kv = [
+                torch.cat([a, b], dim=SEQ_DIM) for a, b in zip(state.kv, new_kv, strict=True)
+            ]
 
     def _close_trajectory(self, trajectory_id: str) -> None:
         state = self._open.pop(trajectory_id)
-        for index in range(len(state.chunks) - 1, -1, -1):
-            chunk = state.chunks[index]
-            if chunk.ledger is not None:
-                self._replay_chunk(state, index)
-            state.chunks[index] = KVChunk(chunk.input_ids, [])  # free keys/values
+        n_replay = state.last_chunk_start - state.prefix_len
+        if state.ledger is not None and n_replay > 0:
+            self._replay_trajectory(state, n_replay)
+        state.kv = state.ledger = None
         self._mark_done(state.group_id, trajectory_id)
         if self._group_complete(state.group_id):
-            self._replay_prefix(state.group_id)
+            self._replay_prompt(state.group_id)
 
-    def _replay_chunk(self, state: _OpenTrajectory, index: int) -> None:
-        chunk = state.chunks[index]
-        assert chunk.ledger is not None
-        before = self._predecessors(state, index)
-        n = len(chunk.input_ids)
-        _, new_kv = chunk_forward(
-            self.model,
-            torch.tensor(chunk.input_ids, device=self.device),
-            torch.zeros(n, dtype=torch.long, device=self.device),
-            torch.zeros(n, dtype=torch.bool, device=self.device),
-            cache_over([c.proxies for c in before]),
+    def _replay_trajectory(self, state: _OpenTrajectory, n_replay: int) -> None:
+        """Recompute positions [P-1, last chunk) once and backpropagate their ledger."""
+        assert state.ledger is not None
+        prompt = self._prompts[state.group_id]
+        proxies = prompt.prefix.proxies if prompt.prefix is not None else []
+        ids_T = torch.tensor(
+            state.tokens[state.prefix_len : state.last_chunk_start], device=self.device
         )
-        proxies = [p for c in before for p in c.proxies]
+        nothing_T = torch.zeros(n_replay, dtype=torch.bool, device=self.device)
+        _, new_kv = chunk_forward(self.model, ids_T, ids_T, nothing_T, _cache_of(proxies))
+        # The ledger ends where the last backward left it: zero-extend over later positions.
+        ledger = [_pad_to(a, n_replay).narrow(SEQ_DIM, 0, n_replay) for a in state.ledger]
+        adjoints = [a.to(t.dtype) for a, t in zip(ledger, new_kv, strict=True)]
         grads = torch.autograd.grad(
-            new_kv,
-            self.params + proxies,
-            grad_outputs=[a.to(t.dtype) for a, t in zip(chunk.ledger, new_kv, strict=True)],
-            allow_unused=True,
+            new_kv, self.params + proxies, grad_outputs=adjoints, allow_unused=True
         )
         self._add_grads(grads[: len(self.params)])
-        self._spread_adjoints(before, grads[len(self.params) :])
-        self.replay_log.append((state.trajectory_id, index))
-        self._stats["chunk_replays"] += 1
+        if prompt.prefix is not None:
+            prompt.ledger = _add_into(
+                prompt.ledger, grads[len(self.params) :], proxies, self.accum_dtype
+            )
+        self.replay_log.append((state.trajectory_id, n_replay))
+        self._stats["trajectory_replays"] += 1
 
-    def _replay_prefix(self, group_id: str) -> None:
-        entry = self._prefixes.pop(group_id)
-        if entry.prefix is None or entry.chunk is None:
+    def _replay_prompt(self, group_id: str) -> None:
+        prompt = self._prompts.pop(group_id)
+        if prompt.prefix is None:
             return
-        if entry.chunk.ledger is None:
-            entry.prefix.release()
+        if prompt.ledger is None:
+            prompt.prefix.release()
             return
-        self._add_grads(entry.prefix.replay(entry.chunk.ledger, self.params))
+        self._add_grads(prompt.prefix.replay(prompt.ledger, self.params))
         self._stats["prefix_replays"] += 1
 
     # -- state -----------------------------------------------------------------------------
     def live_kv_bytes(self) -> int:
-        """Keys/values and ledgers held for open trajectories and their group prompts."""
-        total = sum(c.nbytes for s in self._open.values() for c in s.chunks)
-        return total + sum(e.chunk.nbytes for e in self._prefixes.values() if e.chunk)
+        """Keys/values and ledgers held for open trajectories and their groups' prompts."""
+        total = sum(s.nbytes for s in self._open.values())
+        for prompt in self._prompts.values():
+            if prompt.prefix is not None:
+                total += prompt.prefix.nbytes
+            total += sum(t.numel() * t.element_size() for t in prompt.ledger or [])
+        return total
 
     def _pending_work(self) -> str:
         if self._open:
             return f"{len(self._open)} trajectory(ies) still open: {sorted(self._open)[:5]}"
-        if self._prefixes:
-            return f"prompt replay pending for groups {sorted(self._prefixes)[:5]}"
+        if self._prompts:
+            return f"prompt replay pending for groups {sorted(self._prompts)[:5]}"
         return ""
 
     def _counters(self) -> dict[str, int]:
         return dict(self._stats)
+
+
+def _cache_of(leaves: list[torch.Tensor]) -> DynamicCache:
+    if not leaves:
+        return DynamicCache()
+    pairs = [(leaves[i], leaves[i + 1]) for i in range(0, len(leaves), 2)]
+    return DynamicCache(ddp_cache_data=pairs)
+
+
+def _pad_to(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-extend a ledger along the position axis to cover newly appended positions."""
+    missing = length - tensor.shape[SEQ_DIM]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[SEQ_DIM] = missing
+    return torch.cat([tensor, tensor.new_zeros(shape)], dim=SEQ_DIM)

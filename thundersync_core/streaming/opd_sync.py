@@ -9,7 +9,12 @@ from thundersync_core.batch import Trajectory
 from thundersync_core.objectives.opd import batch_scale, split_by_turn, turn_loss
 from thundersync_core.policy.logprobs import scored_logprobs
 from thundersync_core.streaming.base import LearnerBase
-from thundersync_core.streaming.grpo_sync import right_padded
+from thundersync_core.streaming.rows import (
+    check_micro_batch_tokens,
+    micro_batches,
+    right_padded,
+    sequence_length,
+)
 
 
 class SyncOPDLearner(LearnerBase):
@@ -19,10 +24,12 @@ class SyncOPDLearner(LearnerBase):
         self,
         model: PreTrainedModel,
         *,
+        micro_batch_tokens: int | None = None,
         accum_dtype: torch.dtype | None = None,
         policy_version: int = 0,
     ) -> None:
         super().__init__(model, accum_dtype=accum_dtype, policy_version=policy_version)
+        self.micro_batch_tokens = check_micro_batch_tokens(micro_batch_tokens)
 
     def _on_begin(self) -> None:
         self._batch: list[Trajectory] = []
@@ -43,19 +50,21 @@ class SyncOPDLearner(LearnerBase):
         if self._backward_done:
             return
         rows = [t for t in self._batch if t.n_scored_tokens > 0]
-        if rows:
-            ids_BT, scored_BT, mask_BT = right_padded(rows, self.device)
-            logprobs_N, _ = scored_logprobs(
-                self.model, ids_BT, scored_BT, attention_mask_BT=mask_BT
-            )
-            # scored_logprobs returns tokens row by row in position order: the order of the
-            # teacher log-probs in each record.
-            teacher = [q for t in rows for q in t.teacher_logprobs or ()]
-            teacher_N = torch.tensor(teacher, dtype=logprobs_N.dtype, device=self.device)
-            loss = turn_loss(logprobs_N, teacher_N)
-            self._add_grads(torch.autograd.grad(loss, self.params, allow_unused=True))
-            self._objective_sum += float(loss.detach())
+        lengths = [sequence_length(t) for t in rows]
+        for chunk in micro_batches(rows, lengths, self.micro_batch_tokens):
+            self._backward_rows(chunk)
         self._backward_done = True
+
+    def _backward_rows(self, rows: list[Trajectory]) -> None:
+        ids_BT, scored_BT, mask_BT = right_padded(rows, self.device)
+        logprobs_N, _ = scored_logprobs(self.model, ids_BT, scored_BT, attention_mask_BT=mask_BT)
+        # scored_logprobs returns tokens row by row in position order: the order of the
+        # teacher log-probs in each record.
+        teacher = [q for t in rows for q in t.teacher_logprobs or ()]
+        teacher_N = torch.tensor(teacher, dtype=logprobs_N.dtype, device=self.device)
+        loss = turn_loss(logprobs_N, teacher_N)
+        self._add_grads(torch.autograd.grad(loss, self.params, allow_unused=True))
+        self._objective_sum += float(loss.detach())
 
     def _pending_work(self) -> str:
         return "" if self._backward_done else "the batch backward has not run yet (finish runs it)"
