@@ -9,6 +9,9 @@ What runs, all on CPU and offline:
    learner in a shuffled arrival order, and takes one exact optimizer step.
 3. The first batch is logged and replayed through the sync and the streaming learner in
    float64 (the ``thundersync replay`` audit); their gradients must agree.
+4. On-policy distillation audit: the trained policy becomes a frozen teacher that scores
+   the first batch (the initial policy's own samples) turn by turn on its worker thread;
+   the OPD batch is replayed through the sync and the streaming OPD learners.
 
 Simplification: the reward compares text instead of executing the command in a sandbox,
 which keeps the demo to seconds on two cores; the grader is a plain function of the output.
@@ -16,6 +19,7 @@ which keeps the demo to seconds on two cores; the grader is a plain function of 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import random
@@ -24,10 +28,11 @@ from pathlib import Path
 
 import torch
 
-from thundersync_core.batch import Segment, Trajectory, trajectory_to_json
+from thundersync_core.batch import Segment, Trajectory, trajectory_to_json, turns_of
 from thundersync_core.policy import build_model, build_tokenizer, parameter_count, save_policy
 from thundersync_core.replay import Schedule, compare_gradients, replay
 from thundersync_core.streaming import StreamingGRPOLearner, groups_of
+from thundersync_core.teacher import Teacher, TeacherWorker
 
 TASKS = [
     ("Print the word hello.", "echo hello"),
@@ -107,6 +112,7 @@ def run_demo(out: Path, *, steps: int = 4, groups: int = 4, group_size: int = 6)
         )
         rollout_s = time.perf_counter() - t0
         if step == 0:
+            batch0 = batch
             (out / "batch-0000.jsonl").write_text(
                 "".join(trajectory_to_json(t) + "\n" for t in batch)
             )
@@ -124,28 +130,63 @@ def run_demo(out: Path, *, steps: int = 4, groups: int = 4, group_size: int = 6)
             f"learner {learn_s:.2f}s, prompt replays {result.counters['prefix_replays']}"
         )
 
-    audit = {}
+    grpo_rel = _audit(out, "grpo", out / "batch-0000.jsonl")
+    _score_with_teacher(model, batch0, out / "batch-opd-0000.jsonl")
+    opd_rel = _audit(out, "opd", out / "batch-opd-0000.jsonl")
+    report = {
+        "steps": history,
+        "audit_rel_diff_fp64": {"grpo": grpo_rel, "opd": opd_rel},
+        "out": str(out),
+    }
+    (out / "demo.json").write_text(json.dumps(report, indent=2) + "\n")
+    for name, rel in [("GRPO", grpo_rel), ("OPD", opd_rel)]:
+        if rel > 1e-10:
+            raise RuntimeError(f"{name}: streamed and sync gradients differ by {rel:.2e}")
+    return report
+
+
+def _audit(out: Path, objective: str, batch_path: Path) -> float:
+    """Replay one logged batch under sync and stream in float64; return their difference."""
+    objectives = {}
     schedules: list[tuple[Schedule, int]] = [("sync", 0), ("stream", 1)]
     for schedule, seed in schedules:
         summary = replay(
             model_dir=out / "policy",
-            batch_path=out / "batch-0000.jsonl",
-            out_dir=out / f"replay-{schedule}",
+            batch_path=batch_path,
+            out_dir=out / f"replay-{objective}-{schedule}",
+            objective=objective,
             schedule=schedule,
             dtype="float64",
             seed=seed,
         )
-        audit[schedule] = summary["objective"]
+        objectives[schedule] = summary["objective"]
     rel = compare_gradients(
-        out / "replay-sync" / "gradient.safetensors",
-        out / "replay-stream" / "gradient.safetensors",
+        out / f"replay-{objective}-sync" / "gradient.safetensors",
+        out / f"replay-{objective}-stream" / "gradient.safetensors",
     )
     print(
-        f"[audit] replay of batch 0 in float64: sync J {audit['sync']:+.6f}, stream J "
-        f"{audit['stream']:+.6f}, max|grad diff|/max|grad| = {rel:.2e}"
+        f"[audit {objective}] replay of {batch_path.name} in float64: sync objective "
+        f"{objectives['sync']:+.6f}, stream {objectives['stream']:+.6f}, "
+        f"max|grad diff|/max|grad| = {rel:.2e}"
     )
-    report = {"steps": history, "audit_rel_diff_fp64": rel, "out": str(out)}
-    (out / "demo.json").write_text(json.dumps(report, indent=2) + "\n")
-    if rel > 1e-10:
-        raise RuntimeError(f"streamed and sync gradients differ by {rel:.2e} (> 1e-10)")
-    return report
+    return rel
+
+
+def _score_with_teacher(teacher_model, batch: list[Trajectory], path: Path) -> None:
+    """Teacher log-probs for every action turn, scored on the teacher's worker thread."""
+    with TeacherWorker(Teacher(teacher_model)) as worker:
+        futures = {
+            t.trajectory_id: [worker.submit(turn) for turn in turns_of(t, [()] * len(t.segments))]
+            for t in batch
+        }
+        scored = [
+            dataclasses.replace(
+                t, teacher_logprobs=tuple(q for f in futures[t.trajectory_id] for q in f.result())
+            )
+            for t in batch
+        ]
+    path.write_text("".join(trajectory_to_json(t) + "\n" for t in scored))
+    print(
+        f"[teacher] scored {sum(t.n_scored_tokens for t in scored)} tokens of "
+        f"{len(scored)} trajectories -> {path.name}"
+    )

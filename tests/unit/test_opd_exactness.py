@@ -207,3 +207,20 @@ def test_micro_batched_sync_matches_reference(micro64, batch, references):
         learner.submit(traj)
     result = learner.finish()
     assert rel_diff(references[torch.float64][1], result.grad_objective) <= 1e-10
+
+
+def test_live_memory_is_keys_values_and_ledger_only(micro64, batch):
+    """After each turn an open trajectory holds at most its keys/values and a same-sized
+    ledger: no activations survive the turn."""
+    config = micro64.config
+    kv_bytes_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * 64 * 8
+    traj = max(batch, key=lambda t: len(t.segments))
+    prompt_bytes = 2 * kv_bytes_per_token * (len(traj.prompt_ids) - 1)  # proxies + ledger
+    learner = StreamingOPDLearner(micro64)
+    learner.begin_batch(groups_of(batch))
+    for turn in turns_of(traj, split_by_turn(traj))[:-1]:
+        learner.submit_turn(turn)
+        positions = len(traj.prompt_ids) + sum(len(s.ids) for s in turn.segments) - 1
+        own = positions - (len(traj.prompt_ids) - 1)
+        assert learner.live_kv_bytes() <= prompt_bytes + 2 * kv_bytes_per_token * own
+        assert learner.live_kv_bytes() >= kv_bytes_per_token * own
