@@ -83,8 +83,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_replay(sub)
     _add_init_policy(sub)
     _add_demo(sub)
+    from thundersync_core.rollout import cli as rollout_cli
+    from thundersync_core.rollout.sandbox import cli as sandbox_cli
+
+    rollout_cli.add_parser(sub)
+    sandbox_cli.add_parser(sub)
     args = parser.parse_args(argv)
-    handlers = {"replay": _run_replay, "init-policy": _run_init_policy, "demo": _run_demo}
+    handlers = {
+        "replay": _run_replay,
+        "init-policy": _run_init_policy,
+        "demo": _run_demo,
+        "rollout": rollout_cli.run,
+        "sandbox": sandbox_cli.run,
+    }
     from thundersync_core.batch import BatchFormatError
     from thundersync_core.streaming.base import LearnerRefusal
 

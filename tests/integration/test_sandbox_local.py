@@ -1,0 +1,307 @@
+"""The bubblewrap sandbox against real processes: isolation, limits, cleanup, file safety.
+
+Every hostile command carries a unique marker in its command line, so the host can be
+scanned afterwards for anything it left running (the scan only looks; it kills nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import tracemalloc
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+from thundersync_core.rollout.sandbox import (
+    SandboxLimits,
+    SandboxPathError,
+    SandboxUnavailable,
+    open_sandbox,
+)
+from thundersync_core.rollout.sandbox.local import LocalSandbox
+from thundersync_core.rollout.sandbox.output import elision_marker
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None,
+        reason="bwrap not installed (Debian package 'bubblewrap'; `make test` installs it as root)",
+    ),
+]
+
+# Time allowed past a timeout for killing the namespace and collecting the output.
+KILL_SLACK_S = 3.0
+
+
+@pytest.fixture
+def sandbox():
+    box = open_sandbox("local", limits=SandboxLimits(timeout_s=20))
+    yield box
+    box.close()
+
+
+def marker() -> str:
+    return f"tsmark{uuid.uuid4().hex}"
+
+
+def processes_with(text: str) -> list[psutil.Process]:
+    return [
+        proc
+        for proc in psutil.process_iter(["cmdline"])
+        if any(text in part for part in proc.info["cmdline"] or ())
+    ]
+
+
+def assert_no_process_left(text: str, uid: int | None) -> None:
+    """No host process mentions ``text`` or runs as the sandbox's uid (after ~2 s to die)."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        left = processes_with(text)
+        if uid is not None:
+            left += [p for p in psutil.process_iter(["uids"]) if p.info["uids"].real == uid]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not left, f"stray processes: {[(p.pid, p.info) for p in left]}"
+
+
+def test_host_loopback_and_outside_addresses_are_unreachable(sandbox):
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass  # the server answers from the host, so a failure inside means isolation
+        probe = (
+            "import socket\n"
+            "for host, port in [('127.0.0.1', PORT), ('1.1.1.1', 53), ('10.0.0.1', 80)]:\n"
+            "    try:\n"
+            "        socket.create_connection((host, port), timeout=2).close()\n"
+            "        print('CONNECTED', host)\n"
+            "    except OSError as exc:\n"
+            "        print('blocked', host, exc.errno)\n"
+            "try:\n"
+            "    print('RESOLVED', socket.getaddrinfo('pypi.org', 443))\n"
+            "except OSError:\n"
+            "    print('dns blocked')\n"
+        ).replace("PORT", str(port))
+        result = sandbox.exec(["python3", "-c", probe])
+    assert result.exit_code == 0, result.stderr
+    assert "CONNECTED" not in result.stdout
+    assert "RESOLVED" not in result.stdout
+    assert result.stdout.count("blocked") == 4
+
+
+def test_only_workdir_tmp_and_logs_are_writable(sandbox):
+    name = marker()
+    targets = ["/etc", "/root", "/work", "/usr", "/", "/tests", "/opt", sys.prefix]
+    script = "; ".join(f"touch {t}/{name} 2>/dev/null && echo WROTE {t}" for t in targets)
+    result = sandbox.exec(f"{script}; touch /app/a /tmp/b /logs/c && echo writable-ok")
+    assert "WROTE" not in result.stdout
+    assert "writable-ok" in result.stdout
+    for target in targets:
+        assert not Path(target, name).exists()
+    assert (sandbox.host_workdir / "a").exists()
+
+
+def test_tmp_is_private_both_ways(sandbox, tmp_path):
+    name = marker()
+    host_file = Path("/tmp") / f"{name}-host"
+    host_file.write_text("host")
+    try:
+        result = sandbox.exec(f"echo in > /tmp/{name}; ls /tmp; test -e {host_file} || echo unseen")
+    finally:
+        host_file.unlink()
+    assert "unseen" in result.stdout
+    assert not (Path("/tmp") / name).exists()
+
+
+def test_pid_namespace_hides_host_processes(sandbox):
+    result = sandbox.exec("echo $$; ls /proc | grep -c '^[0-9]'")
+    own_pid, visible = (int(line) for line in result.stdout.split())
+    assert own_pid <= 3
+    assert visible < 10
+    assert psutil.pid_exists(1)  # the host has far more processes than the sandbox sees
+
+
+def test_commands_hold_no_capabilities_and_an_unprivileged_uid(sandbox):
+    result = sandbox.exec("id -u; grep CapEff /proc/self/status")
+    uid_line, caps_line = result.stdout.splitlines()
+    if os.geteuid() == 0:
+        assert int(uid_line) == sandbox.uid != 0
+    assert caps_line.split()[1] == "0000000000000000"
+
+
+def test_fork_bomb_is_stopped_and_leaves_nothing(sandbox):
+    name = marker()
+    timeout = 3.0
+    bomb = f": {name}; bomb() {{ bomb | bomb & }}; bomb; sleep 60"
+    result = sandbox.exec(bomb, timeout_s=timeout)
+    assert result.timed_out
+    assert result.killed_reason == "timeout"
+    assert result.exit_code is None
+    assert result.duration_s < timeout + KILL_SLACK_S
+    assert_no_process_left(name, sandbox.uid)
+
+
+def test_background_processes_die_with_the_command(sandbox):
+    name = marker()
+    result = sandbox.exec(f"(sleep 300; : {name}) & echo started")
+    assert result.exit_code == 0
+    assert result.duration_s < 5
+    assert_no_process_left(name, uid=None)
+
+
+def test_endless_loop_is_stopped_at_the_timeout(sandbox):
+    name = marker()
+    result = sandbox.exec(f": {name}; while :; do :; done", timeout_s=2)
+    assert result.timed_out
+    assert result.duration_s < 2 + KILL_SLACK_S
+    assert_no_process_left(name, sandbox.uid)
+
+
+def test_cpu_limit_kills_a_spinning_command():
+    with open_sandbox("local", limits=SandboxLimits(cpu_s=1, timeout_s=20)) as box:
+        result = box.exec("while :; do :; done")
+    assert not result.timed_out
+    assert result.killed_reason == "cpu"
+    assert result.duration_s < 10
+
+
+def test_a_gigabyte_of_output_is_bounded_fast_and_in_little_memory(sandbox):
+    budget = sandbox.limits.output_bytes
+    tracemalloc.start()
+    try:
+        result = sandbox.exec("head -c 1000000000 /dev/zero | tr '\\0' a", timeout_s=60)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 0
+    assert result.stdout_bytes == 1_000_000_000
+    assert result.output_truncated
+    assert len(result.stdout) <= budget + len(elision_marker(result.stdout_bytes))
+    assert result.stdout.startswith("a" * (budget // 2))
+    assert result.stdout.endswith("a" * (budget // 2))
+    assert f"[... {1_000_000_000 - budget} bytes elided ...]" in result.stdout
+    assert peak < 16 * 2**20, f"the reader held {peak} bytes at peak"
+    assert result.duration_s < 30
+
+
+def test_memory_limit_stops_a_large_allocation():
+    with open_sandbox("local", limits=SandboxLimits(memory_mb=256)) as box:
+        result = box.exec(["python3", "-c", "b = b'x' * (2 * 1024**3); print('allocated')"])
+    assert result.exit_code != 0
+    assert "allocated" not in result.stdout
+    assert result.killed_reason == "memory"
+
+
+def test_workdir_persists_across_calls_and_is_removed_on_close():
+    box = LocalSandbox(SandboxLimits(timeout_s=10))
+    box.exec("mkdir -p src && echo 41 > src/n && chmod 000 src")
+    result = box.exec("chmod 755 src && cat src/n")
+    assert result.stdout == "41\n"
+    box.exec("chmod 000 src")  # the host must still be able to remove it
+    host_root = box.host_workdir.parent
+    box.close()
+    box.close()
+    assert not host_root.exists()
+
+
+def test_files_stdin_and_env_round_trip(sandbox, tmp_path):
+    (tmp_path / "proj" / "pkg").mkdir(parents=True)
+    (tmp_path / "proj" / "pkg" / "mod.py").write_text("X = 1\n")
+    (tmp_path / "proj" / "run.sh").write_text("echo ran\n")
+    (tmp_path / "proj" / "run.sh").chmod(0o755)
+    sandbox.copy_in(tmp_path / "proj")
+    sandbox.copy_in(tmp_path / "proj" / "run.sh", "renamed.sh")
+    sandbox.write_file("data/blob.bin", bytes(range(256)))
+    result = sandbox.exec(
+        "cat pkg/mod.py; ./run.sh; ./renamed.sh; echo $GREETING; cat -",
+        env={"GREETING": "hi"},
+        stdin="from stdin",
+    )
+    assert result.stdout == "X = 1\nran\nran\nhi\nfrom stdin"
+    assert sandbox.read_file("data/blob.bin") == bytes(range(256))
+    sandbox.exec("echo changed > pkg/mod.py")
+    assert sandbox.read_file("pkg/mod.py") == b"changed\n"
+
+
+def test_symlinks_planted_in_the_workdir_never_lead_the_host_out(sandbox):
+    target = Path(f"/tmp/{marker()}")
+    target.write_text("host secret")
+    try:
+        sandbox.exec(f"ln -s {target} leak; ln -s {target.parent} dirlink")
+        with pytest.raises(SandboxPathError, match="symlink"):
+            sandbox.read_file("leak")
+        with pytest.raises(SandboxPathError, match="dirlink"):
+            sandbox.write_file("dirlink/evil", "x")
+        sandbox.write_file("leak", "replaced")
+        assert target.read_text() == "host secret"
+        assert sandbox.read_file("leak") == b"replaced"
+        assert not (target.parent / "evil").exists()
+    finally:
+        target.unlink()
+
+
+def test_logs_and_tests_folders(sandbox, tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "check.sh").write_text("echo checked > /logs/verifier/out\n")
+    sandbox.exec("mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt")
+    sandbox.clear_logs("verifier")
+    with pytest.raises(FileNotFoundError):
+        sandbox.read_log("verifier/reward.txt")
+    assert sandbox.install_tests(tmp_path / "t") == "/tests"
+    result = sandbox.exec("bash /tests/check.sh; echo x > /tests/check.sh || echo readonly")
+    assert "readonly" in result.stdout
+    assert sandbox.read_log("verifier/out") == b"checked\n"
+    assert sandbox.host_logs_dir.joinpath("verifier", "out").is_file()
+
+
+def test_ro_binds_expose_host_paths_read_only(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "f").write_text("visible")
+    with open_sandbox("local", ro_binds=[shared]) as box:
+        result = box.exec(f"cat {shared}/f; touch {shared}/g 2>/dev/null || echo denied")
+    assert result.stdout == "visible" + "denied\n"
+    with pytest.raises(SandboxPathError, match="ro_binds"):
+        open_sandbox("local", ro_binds=[tmp_path / "missing"])
+
+
+def test_missing_bubblewrap_is_reported_by_package_name(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        LocalSandbox()
+
+
+def test_cli_prints_one_json_result(tmp_path):
+    (tmp_path / "hello.txt").write_text("hello from the host\n")
+    cmd = [sys.executable, "-m", "thundersync_core.rollout.sandbox.cli", "exec"]
+    cmd += ["--timeout", "10", "--workdir-from", str(tmp_path), "--", "cat", "hello.txt"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["stdout"] == "hello from the host\n"
+    assert result["exit_code"] == 0
+    assert result["timed_out"] is False
+
+
+def test_concurrent_sandboxes_are_separate():
+    def run(index: int) -> tuple[int | None, str]:
+        with open_sandbox("local") as box:
+            box.write_file("n.txt", str(index))
+            result = box.exec("sleep 0.2; cat n.txt; ls /tmp | wc -l")
+            return box.uid, result.stdout
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outcomes = list(pool.map(run, range(4)))
+    assert [stdout for _uid, stdout in outcomes] == [f"{i}0\n" for i in range(4)]
+    if os.geteuid() == 0:
+        assert len({uid for uid, _stdout in outcomes}) == 4

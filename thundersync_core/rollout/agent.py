@@ -1,0 +1,290 @@
+"""The multi-turn bash agent: the policy writes a command, the sandbox runs it, repeat.
+
+A trajectory is the chat-formatted prompt (system + task instruction), then turns of
+(assistant action -> sandbox executes -> observation). An action must hold a fenced bash
+block whose closing fence is on its own line; the first such block is run. A turn with no
+block gets a parse-error observation; a block that is exactly ``submit`` ends the
+trajectory. Limits on turns, tokens per turn, total action tokens and context length end a
+trajectory with a recorded finish reason. Observations are cut to a token budget, keeping
+head and tail around an elision marker.
+
+Episodes run concurrently: each round sends every live trajectory's next request to the
+engine in one batched ``generate`` call, then runs their commands in parallel sandboxes.
+Action tokens are exactly the sampled ids; the observation segment carries the chat glue
+(end of the assistant message, the user message, the next assistant header), never scored.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from thundersync_core.batch import Segment, Trajectory
+from thundersync_core.rollout.engine import (
+    GenerationRequest,
+    RolloutEngine,
+    SamplingConfig,
+    request_seed,
+)
+from thundersync_core.rollout.grading import GradeResult
+from thundersync_core.rollout.sandbox.base import ExecResult, Sandbox
+
+SYSTEM_PROMPT = (
+    "You are an agent working in a Linux shell. Reply with one command in a fenced block:\n"
+    "```bash\n<command>\n```\nWhen the task is done, reply with:\n```bash\nsubmit\n```"
+)
+PARSE_ERROR = "No command found: reply with one ```bash block, closing ``` on its own line."
+_BLOCK = re.compile(r"```(?:bash|sh)?[ \t]*\n(.*?)\n```[ \t]*(?:\n|$)", re.DOTALL)
+
+
+class AgentTask(Protocol):
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def instruction(self) -> str: ...
+
+    def setup(self, sandbox: Sandbox) -> None: ...
+
+    def grade(self, sandbox: Sandbox) -> GradeResult: ...
+
+
+class Tokenizer(Protocol):
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+    def encode(self, text: str, add_special_tokens: bool = ..., **kwargs: Any) -> list[int]: ...
+    def decode(self, ids: Any, skip_special_tokens: bool = ...) -> str: ...
+    def convert_tokens_to_ids(self, token: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    max_turns: int = 8
+    max_tokens_per_turn: int = 128
+    max_total_tokens: int = 1024
+    max_context_tokens: int = 4096
+    observation_tokens: int = 256
+    command_timeout_s: float = 10.0
+    system_prompt: str = SYSTEM_PROMPT
+    end_of_turn: str = "<|im_end|>"
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    task: AgentTask
+    group_id: str
+    trajectory_id: str
+
+
+@dataclass
+class _Live:
+    spec: EpisodeSpec
+    sandbox: Sandbox
+    prompt_ids: tuple[int, ...]
+    segments: list[Segment] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    action_logprobs: list[list[float]] = field(default_factory=list)
+    turn_versions: list[int] = field(default_factory=list)
+    action_tokens: int = 0
+    finish_reason: str | None = None
+
+    @property
+    def context_len(self) -> int:
+        return len(self.prompt_ids) + sum(len(s.ids) for s in self.segments)
+
+    def context(self) -> tuple[int, ...]:
+        return self.prompt_ids + tuple(i for s in self.segments for i in s.ids)
+
+    def mark(self, kind: str, **info: Any) -> None:
+        self.events.append({"event": kind, "time": time.time(), **info})
+
+
+def parse_action(text: str) -> str | None:
+    """The first fenced bash block's body, or None when there is no well-formed block."""
+    match = _BLOCK.search(text)
+    return match.group(1) if match else None
+
+
+def truncate_tokens(ids: list[int], budget: int, tokenizer: Tokenizer) -> list[int]:
+    """Keep head and tail of ``ids`` within ``budget`` tokens around an elision marker."""
+    if len(ids) <= budget:
+        return ids
+    marker = tokenizer.encode(f"\n[... {len(ids)} tokens, middle elided ...]\n")
+    keep = max(budget - len(marker), 2)
+    head, tail = ids[: keep // 2], ids[len(ids) - (keep - keep // 2) :]
+    return head + marker + tail
+
+
+def format_observation(result: ExecResult) -> str:
+    parts = [f"exit code: {result.exit_code}"]
+    if result.killed_reason:
+        parts.append(f"killed: {result.killed_reason}")
+    if result.stdout:
+        parts.append(result.stdout.rstrip("\n"))
+    if result.stderr:
+        parts.append("stderr:\n" + result.stderr.rstrip("\n"))
+    return "\n".join(parts)
+
+
+class Agent:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Tokenizer,
+        sandbox_factory: Callable[[], Sandbox],
+        *,
+        config: AgentConfig | None = None,
+        sampling: SamplingConfig | None = None,
+        base_seed: int = 0,
+        max_workers: int = 8,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.sandbox_factory = sandbox_factory
+        self.config = config or AgentConfig()
+        self.end_id = int(tokenizer.convert_tokens_to_ids(self.config.end_of_turn))
+        self.sampling = sampling or SamplingConfig(stop_token_ids=(self.end_id,))
+        self.base_seed = base_seed
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sandbox")
+
+    # -- driver ----------------------------------------------------------------------------
+    def run(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
+        """Run every episode to its end, grade it, and return learner-ready trajectories."""
+        live = list(self.pool.map(self._start, specs))
+        try:
+            while active := [e for e in live if e.finish_reason is None]:
+                self._round(active)
+            return list(self.pool.map(self._finish, live))
+        finally:
+            for episode in live:
+                episode.sandbox.close()
+
+    def _start(self, spec: EpisodeSpec) -> _Live:
+        sandbox = self.sandbox_factory()
+        spec.task.setup(sandbox)
+        messages = [
+            {"role": "system", "content": self.config.system_prompt},
+            {"role": "user", "content": spec.task.instruction},
+        ]
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        prompt_ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+        episode = _Live(spec, sandbox, tuple(int(i) for i in prompt_ids))
+        episode.mark("start")
+        return episode
+
+    def _round(self, active: list[_Live]) -> None:
+        requests, asking = [], []
+        for episode in active:
+            budget = self._turn_budget(episode)
+            if budget > 0:
+                turn = len(episode.turn_versions)
+                seed = request_seed(
+                    self.base_seed, episode.spec.group_id, episode.spec.trajectory_id, turn
+                )
+                requests.append(
+                    GenerationRequest(
+                        f"{episode.spec.trajectory_id}/{turn}", episode.context(), budget, seed
+                    )
+                )
+                asking.append(episode)
+                episode.mark("generate_start", turn=turn)
+        results = self.engine.generate(requests, self.sampling)
+        commands = []
+        for episode, result in zip(asking, results, strict=True):
+            episode.mark(
+                "generate_end",
+                turn=len(episode.turn_versions),
+                policy_version=result.policy_version,
+            )
+            episode.segments.append(Segment.action(result.token_ids))
+            episode.action_logprobs.append(list(result.logprobs))
+            episode.turn_versions.append(result.policy_version)
+            episode.action_tokens += len(result.token_ids)
+            ended = bool(result.token_ids) and result.token_ids[-1] == self.end_id
+            text = self.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
+            commands.append((episode, parse_action(text), ended))
+        observations = list(self.pool.map(lambda c: self._execute(*c), commands))
+        for (episode, _, ended), observation in zip(commands, observations, strict=True):
+            if observation is not None:
+                self._append_observation(episode, observation, ended)
+            if (
+                episode.finish_reason is None
+                and len(episode.turn_versions) >= self.config.max_turns
+            ):
+                episode.finish_reason = "max_turns"
+
+    def _turn_budget(self, episode: _Live) -> int:
+        """Tokens the next action may use; 0 (with a finish reason set) when none are left."""
+        cfg = self.config
+        left_total = cfg.max_total_tokens - episode.action_tokens
+        left_context = cfg.max_context_tokens - episode.context_len
+        if left_total <= 0:
+            episode.finish_reason = "max_total_tokens"
+            return 0
+        if left_context <= 0:
+            episode.finish_reason = "context_length"
+            return 0
+        return min(cfg.max_tokens_per_turn, left_total, left_context)
+
+    def _execute(self, episode: _Live, command: str | None, ended: bool) -> str | None:
+        del ended
+        if command is None:
+            return PARSE_ERROR
+        if command.strip() == "submit":
+            episode.finish_reason = "submitted"
+            return None
+        episode.mark("exec_start", turn=len(episode.turn_versions) - 1)
+        result = episode.sandbox.exec(command, timeout_s=self.config.command_timeout_s)
+        episode.mark(
+            "exec_end",
+            turn=len(episode.turn_versions) - 1,
+            exit_code=result.exit_code,
+            duration_s=result.duration_s,
+        )
+        return format_observation(result)
+
+    def _append_observation(self, episode: _Live, text: str, ended: bool) -> None:
+        body = truncate_tokens(
+            # verbose=False: outputs longer than the model's context are expected here.
+            self.tokenizer.encode(text, add_special_tokens=False, verbose=False),
+            self.config.observation_tokens,
+            self.tokenizer,
+        )
+        glue_before = ("" if ended else self.config.end_of_turn) + "\n<|im_start|>user\n"
+        glue_after = "<|im_end|>\n<|im_start|>assistant\n"
+        ids = (
+            self.tokenizer.encode(glue_before, add_special_tokens=False)
+            + body
+            + self.tokenizer.encode(glue_after, add_special_tokens=False)
+        )
+        if episode.context_len + len(ids) > self.config.max_context_tokens:
+            episode.finish_reason = "context_length"
+            return
+        episode.segments.append(Segment.observation(ids))
+
+    def _finish(self, episode: _Live) -> Trajectory:
+        grade = episode.spec.task.grade(episode.sandbox)
+        episode.mark("reward", reward=grade.reward)
+        return Trajectory(
+            group_id=episode.spec.group_id,
+            trajectory_id=episode.spec.trajectory_id,
+            prompt_ids=episode.prompt_ids,
+            segments=tuple(episode.segments),
+            reward=float(grade.reward),
+            policy_version=episode.turn_versions[0]
+            if episode.turn_versions
+            else self.engine.policy_version,
+            metadata={
+                "task_id": episode.spec.task.task_id,
+                "finish_reason": episode.finish_reason,
+                "reward_reason": grade.reason,
+                "turn_versions": episode.turn_versions,
+                "action_logprobs": episode.action_logprobs,
+                "events": episode.events,
+            },
+        )
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)

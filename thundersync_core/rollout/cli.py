@@ -1,0 +1,98 @@
+"""``thundersync rollout``: real rollouts on a few tasks, written as a batch file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from thundersync_core.rollout.engine import RolloutEngine
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "rollout",
+        help="run real rollouts (engine + bash agent + sandbox + grader) on a task folder",
+    )
+    p.add_argument("--tasks", required=True, type=Path, help="folder of Harbor-format tasks")
+    p.add_argument("--model", required=True, type=Path, help="Hugging Face causal-LM folder")
+    p.add_argument("--n", default=4, type=int, help="trajectories per task (one group)")
+    p.add_argument("--out", required=True, type=Path, help="batch file to write (JSONL)")
+    p.add_argument("--engine", default="auto", choices=["auto", "vllm", "hf"])
+    p.add_argument("--backend", default="local", choices=["local", "docker"])
+    p.add_argument("--seed", default=0, type=int)
+    p.add_argument("--max-turns", default=4, type=int)
+    p.add_argument("--max-tokens-per-turn", default=64, type=int)
+    p.add_argument("--limit", default=0, type=int, help="use only the first N tasks (0: all)")
+
+
+def make_engine(kind: str, model_dir: Path) -> RolloutEngine:
+    """vLLM when asked for or, with ``auto``, when installed; else the transformers engine."""
+    from thundersync_core.rollout.hf_engine import HFEngine
+    from thundersync_core.rollout.vllm_engine import VLLMEngine, vllm_available
+
+    if kind == "vllm" or (kind == "auto" and vllm_available()):
+        return VLLMEngine(model_dir)
+    return HFEngine(model_dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    from thundersync_core.batch import trajectory_to_json
+    from thundersync_core.policy.io import load_tokenizer
+    from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec
+    from thundersync_core.rollout.sandbox import open_sandbox
+    from thundersync_core.rollout.sandbox.base import SandboxLimits
+    from thundersync_core.rollout.tasks import load_terminal_tasks
+
+    if args.n < 1:
+        raise ValueError(f"--n must be >= 1, got {args.n}")
+    tasks = load_terminal_tasks(args.tasks)
+    if args.limit:
+        tasks = tasks[: args.limit]
+    tokenizer = load_tokenizer(args.model)
+    engine = make_engine(args.engine, args.model)
+    config = AgentConfig(max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn)
+    limits = SandboxLimits(timeout_s=config.command_timeout_s)
+    agent = Agent(
+        engine,
+        tokenizer,  # type: ignore[arg-type]
+        lambda: open_sandbox(args.backend, limits=limits),
+        config=config,
+        base_seed=args.seed,
+    )
+    specs = [
+        EpisodeSpec(task, group_id=task.task_id, trajectory_id=f"{task.task_id}/{i}")
+        for task in tasks
+        for i in range(args.n)
+    ]
+    start = time.perf_counter()
+    try:
+        trajectories = agent.run(specs)
+    finally:
+        agent.close()
+        engine.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+    tmp.write_text("".join(trajectory_to_json(t) + "\n" for t in trajectories))
+    tmp.replace(args.out)
+    rewards = [t.reward for t in trajectories]
+    reasons: dict[str, int] = {}
+    for t in trajectories:
+        reason = str((t.metadata or {}).get("finish_reason"))
+        reasons[reason] = reasons.get(reason, 0) + 1
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "trajectories": len(trajectories),
+                "tasks": len(tasks),
+                "mean_reward": sum(rewards) / len(rewards),
+                "finish_reasons": reasons,
+                "engine": type(engine).__name__,
+                "wall_s": time.perf_counter() - start,
+            }
+        )
+    )
+    return 0

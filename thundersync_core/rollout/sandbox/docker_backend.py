@@ -1,0 +1,413 @@
+"""Docker sandbox: one container per trajectory, no network, no capabilities, hard limits.
+
+The container runs ``sleep infinity`` under Docker's init (which reaps orphans) with
+``network_mode="none"``, ``cap_drop=["ALL"]``, ``no-new-privileges``, ``mem_limit`` with
+no extra swap, ``nano_cpus``, ``pids_limit`` and rlimits for CPU seconds, file size and
+core dumps. Each ``exec`` is a Docker exec whose output is streamed (stdout and stderr
+demultiplexed) into the same bounded buffers as the local backend.
+
+Timeouts: the command runs under ``timeout -s KILL``, which leads its own process group
+and kills the whole group, so children die with it. A host-side deadline a little later
+covers a wedged daemon: it kills that process group from a second exec (the group id is
+written to a pid file by the wrapper) and stops reading.
+
+Files move as tar archives through the daemon (``put_archive``/``get_archive``), so this
+works with a remote daemon too. Nothing of the container is visible on the host:
+``host_workdir`` is a staging folder that ``pull_workdir`` fills with a copy on demand.
+
+Unlike the local backend, processes the agent starts in the background survive between
+execs (as in any long-lived container); graders that must not trust them should run in a
+fresh container that receives only the agent's file changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+import shutil
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from thundersync_core.rollout.sandbox.base import (
+    LOGS_DIR,
+    TESTS_DIR,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxPathError,
+    SandboxUnavailable,
+    classify_exit,
+    relative_parts,
+)
+from thundersync_core.rollout.sandbox.output import BoundedOutput
+
+__all__ = ["DEFAULT_IMAGE", "DockerSandbox", "connect_docker"]
+
+DEFAULT_IMAGE = "python:3.11-slim"
+# Host-side slack past the in-container timeout before the host kills and stops reading.
+_HOST_GRACE_S = 5.0
+_KILL_GRACE_S = 5.0
+_SETUP_TIMEOUT_S = 60.0
+_CONTROL_DIR = "/tmp/.thundersync"
+# $1 pid file, $2 stdin file or "", $3 timeout; the rest is the command. `timeout` calls
+# setpgid(0, 0), so the pid written here is also the group id of everything it starts.
+# The command may have emptied /tmp, hence the mkdir.
+_WRAPPER = (
+    'p=$1; i=$2; t=$3; shift 3; mkdir -p "${p%/*}"; echo $$ > "$p"; '
+    'if [ -n "$i" ]; then exec < "$i"; rm -f "$i"; else exec < /dev/null; fi; '
+    'exec timeout -s KILL "$t" "$@"'
+)
+_KILL_GROUP = 'kill -KILL -- "-$(cat "$1")" 2>/dev/null; true'
+_OOM_KILL = re.compile(rb"^oom_kill (\d+)$", re.MULTILINE)
+_SIGKILL_STATUS = 137
+_TIMEOUT_STATUSES = (124, _SIGKILL_STATUS)
+
+
+def connect_docker() -> Any:
+    """A Docker client whose daemon answers a ping, or SandboxUnavailable saying why not."""
+    import docker  # noqa: PLC0415 (optional dependency: only the Docker backend needs it)
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise SandboxUnavailable(f"no Docker daemon answers: {exc}") from exc
+    return client
+
+
+def _close_container(container: Any, staging: Path) -> None:
+    import docker  # noqa: PLC0415
+
+    with contextlib.suppress(docker.errors.NotFound):
+        container.remove(force=True)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+class DockerSandbox(Sandbox):
+    """One container per trajectory; removed on close."""
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        image: str = DEFAULT_IMAGE,
+        workdir: str = "/app",
+        ro_binds: Sequence[Path] = (),
+        workdir_from: Path | None = None,
+        client: Any = None,
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        if not PurePosixPath(workdir).is_absolute() or workdir == "/":
+            raise SandboxPathError(f"workdir {workdir!r} must be an absolute path below /")
+        self.workdir = workdir
+        self.image = image
+        self._client = client or connect_docker()
+        self._staging = Path(tempfile.mkdtemp(prefix="thundersync-docker-"))
+        self.host_workdir = self._staging / PurePosixPath(workdir).name
+        self._container = self._start(ro_binds)
+        self._finalizer = weakref.finalize(self, _close_container, self._container, self._staging)
+        self._oom_kills: int | None = None
+        try:
+            self._run_checked(["mkdir", "-p", LOGS_DIR, TESTS_DIR, _CONTROL_DIR, self.workdir])
+            self._oom_kills = self._read_oom_kills()
+            if workdir_from is not None:
+                self.copy_in(workdir_from)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ro_binds: Sequence[Path]) -> Any:
+        import docker  # noqa: PLC0415
+
+        limits = self.limits
+        file_bytes = limits.max_file_mb << 20
+        ulimits = [
+            docker.types.Ulimit(name="cpu", soft=limits.cpu_s, hard=limits.cpu_s + 1),
+            docker.types.Ulimit(name="fsize", soft=file_bytes, hard=file_bytes),
+            docker.types.Ulimit(name="core", soft=0, hard=0),
+        ]
+        volumes = {str(p): {"bind": str(p), "mode": "ro"} for p in ro_binds}
+        try:
+            return self._client.containers.run(
+                self.image,
+                command=["sleep", "infinity"],
+                detach=True,
+                init=True,
+                working_dir=self.workdir,
+                network_mode="none",
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                mem_limit=f"{limits.memory_mb}m",
+                memswap_limit=f"{limits.memory_mb}m",
+                nano_cpus=int(limits.cpus * 1e9),
+                pids_limit=limits.max_processes,
+                ulimits=ulimits,
+                volumes=volumes,
+                labels={"thundersync.sandbox": "1"},
+            )
+        except docker.errors.ImageNotFound as exc:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            raise SandboxUnavailable(
+                f"Docker image {self.image!r} is not available: {exc}"
+            ) from exc
+        except docker.errors.APIError as exc:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            raise SandboxError(f"could not start a container from {self.image!r}: {exc}") from exc
+
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            raise SandboxError(f"sandbox container {self._container.short_id} is closed")
+
+    # -- running commands ---------------------------------------------------------------
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+    ) -> ExecResult:
+        self._check_open()
+        if not isinstance(command, str) and not command:
+            raise ValueError("exec: empty command")
+        timeout = self.limits.timeout_s if timeout_s is None else timeout_s
+        token = uuid.uuid4().hex
+        pid_file = f"{_CONTROL_DIR}/{token}.pid"
+        stdin_file = ""
+        if stdin is not None:
+            stdin_file = f"{_CONTROL_DIR}/{token}.stdin"
+            # Extracted at "/", which always exists; the daemon creates missing parents.
+            self._put_files("/", {stdin_file.lstrip("/"): stdin.encode()})
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        # Whole seconds, rounded up: busybox's `timeout` takes no fractions.
+        seconds = str(max(1, math.ceil(timeout)))
+        wrapped = ["/bin/sh", "-c", _WRAPPER, "sh", pid_file, stdin_file, seconds, *argv]
+        return self._run_exec(wrapped, env, timeout, pid_file)
+
+    def _run_exec(
+        self, wrapped: list[str], env: Mapping[str, str] | None, timeout: float, pid_file: str
+    ) -> ExecResult:
+        api = self._client.api
+        start = time.monotonic()
+        exec_id = self._create_exec(wrapped, env)
+        stream = api.exec_start(exec_id, stream=True, demux=True)
+        out = BoundedOutput(self.limits.output_bytes)
+        err = BoundedOutput(self.limits.output_bytes)
+        failures: list[BaseException] = []
+        reader = threading.Thread(target=_consume, args=(stream, out, err, failures), daemon=True)
+        reader.start()
+        reader.join(timeout + _HOST_GRACE_S)
+        host_killed = reader.is_alive()
+        if host_killed:
+            self._kill_group(pid_file)
+            reader.join(_KILL_GRACE_S)
+            stream.close()
+            reader.join(1.0)
+        elif failures:
+            raise SandboxError(f"reading the output of {wrapped[7:]} failed") from failures[0]
+        duration = time.monotonic() - start
+        exit_code = api.exec_inspect(exec_id).get("ExitCode")
+        # `timeout` reports 124, or 137 when its SIGKILL also reached itself; a command
+        # can exit so on its own, but not also at the deadline.
+        timed_out = host_killed or (exit_code in _TIMEOUT_STATUSES and duration >= timeout)
+        return self._result(out, err, None if timed_out else exit_code, timed_out, duration)
+
+    def _create_exec(self, wrapped: list[str], env: Mapping[str, str] | None) -> str:
+        import docker  # noqa: PLC0415
+
+        def create() -> str:
+            return self._client.api.exec_create(
+                self._container.id, wrapped, environment=dict(env or {}), workdir=self.workdir
+            )["Id"]
+
+        try:
+            return create()
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:
+                name = self._container.short_id
+                raise SandboxError(f"docker exec failed in {name}: {exc}") from exc
+        # 409: the container stopped (a command killed its main process). Its files
+        # survive a restart, so the trajectory can go on.
+        self._container.start()
+        return create()
+
+    def _result(
+        self,
+        out: BoundedOutput,
+        err: BoundedOutput,
+        exit_code: int | None,
+        timed_out: bool,
+        duration: float,
+    ) -> ExecResult:
+        stderr = err.render()
+        reason = classify_exit(exit_code, timed_out=timed_out, stderr_tail=stderr[-2000:])
+        if exit_code == _SIGKILL_STATUS and self._oom_killed_since_last_check():
+            reason = "memory"
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=out.render(),
+            stderr=stderr,
+            timed_out=timed_out,
+            killed_reason=reason,
+            duration_s=duration,
+            output_truncated=out.truncated or err.truncated,
+            stdout_bytes=out.total_bytes,
+            stderr_bytes=err.total_bytes,
+        )
+
+    def _kill_group(self, pid_file: str) -> None:
+        self._container.exec_run(["/bin/sh", "-c", _KILL_GROUP, "sh", pid_file])
+
+    def _read_oom_kills(self) -> int | None:
+        # cgroup v2 first, then v1; both report a cumulative oom_kill counter.
+        files = "/sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control"
+        _code, output = self._container.exec_run(["/bin/sh", "-c", f"cat {files} 2>/dev/null"])
+        match = _OOM_KILL.search(output or b"")
+        return int(match.group(1)) if match else None
+
+    def _oom_killed_since_last_check(self) -> bool:
+        count = self._read_oom_kills()
+        killed = count is not None and self._oom_kills is not None and count > self._oom_kills
+        self._oom_kills = count
+        return killed
+
+    def _run_checked(self, argv: list[str]) -> None:
+        result = self.exec(argv, timeout_s=_SETUP_TIMEOUT_S)
+        if result.exit_code != 0:
+            raise SandboxError(f"{' '.join(argv)!r} failed in the container: {result.stderr}")
+
+    # -- files --------------------------------------------------------------------------
+
+    def write_file(self, relpath: str, data: str | bytes) -> None:
+        self._check_open()
+        parts = relative_parts(relpath)
+        if not parts:
+            raise SandboxPathError(f"{relpath!r}: names the workdir itself, not a file")
+        payload = data.encode() if isinstance(data, str) else data
+        self._put_files(self.workdir, {"/".join(parts): payload})
+
+    def read_file(self, relpath: str) -> bytes:
+        self._check_open()
+        return self._get_file(self.workdir, relpath)
+
+    def copy_in(self, src: Path, dest_rel: str = ".") -> None:
+        self._check_open()
+        src = Path(src)
+        if not src.exists():
+            raise FileNotFoundError(f"copy_in: source {src} does not exist")
+        dest = "/".join(relative_parts(dest_rel)) or "."
+        if src.is_file() and (dest == "." or self._is_dir(f"{self.workdir}/{dest}")):
+            dest = f"{dest}/{src.name}"
+        self._put_tree(self.workdir, src, dest)
+
+    def _is_dir(self, path: str) -> bool:
+        code, _output = self._container.exec_run(["test", "-d", path])
+        return code == 0
+
+    def pull_workdir(self) -> Path:
+        """Copy the container's workdir into ``host_workdir`` (replacing it) and return it."""
+        self._check_open()
+        shutil.rmtree(self.host_workdir, ignore_errors=True)
+        chunks, _stat = self._client.api.get_archive(self._container.id, self.workdir)
+        with tempfile.TemporaryFile() as spool:
+            for chunk in chunks:
+                spool.write(chunk)
+            spool.seek(0)
+            with tarfile.open(fileobj=spool) as archive:
+                archive.extractall(self._staging, filter="data")
+        return self.host_workdir
+
+    def _put_files(self, folder: str, files: Mapping[str, bytes]) -> None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            for name, payload in files.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
+                archive.addfile(info, io.BytesIO(payload))
+        if not self._client.api.put_archive(self._container.id, folder, buffer.getvalue()):
+            raise SandboxError(f"could not write {sorted(files)} into {folder} in the container")
+
+    def _put_tree(self, folder: str, src: Path, arcname: str) -> None:
+        with tempfile.TemporaryFile() as spool:
+            with tarfile.open(fileobj=spool, mode="w") as archive:
+                archive.add(src, arcname=arcname, filter=_owned_by_root)
+            spool.seek(0)
+            if not self._client.api.put_archive(self._container.id, folder, spool):
+                raise SandboxError(f"could not copy {src} into {folder}/{arcname} in the container")
+
+    def _get_file(self, folder: str, relpath: str) -> bytes:
+        import docker  # noqa: PLC0415
+
+        path = "/".join((folder, *relative_parts(relpath)))
+        try:
+            chunks, _stat = self._client.api.get_archive(self._container.id, path)
+        except docker.errors.NotFound as exc:
+            raise FileNotFoundError(f"{path} does not exist in the sandbox") from exc
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
+            member = archive.next()
+            if member is None or not member.isfile():
+                raise SandboxPathError(f"{path} is not a regular file in the sandbox")
+            handle = archive.extractfile(member)
+            return handle.read() if handle is not None else b""
+
+    # -- logs and verifier files -------------------------------------------------------
+
+    def read_log(self, relpath: str) -> bytes:
+        self._check_open()
+        return self._get_file(LOGS_DIR, relpath)
+
+    def clear_logs(self, subdir: str) -> None:
+        self._check_open()
+        parts = relative_parts(subdir)
+        if not parts:
+            raise SandboxPathError(f"clear_logs: {subdir!r} names {LOGS_DIR} itself")
+        target = "/".join((LOGS_DIR, *parts))
+        self._run_checked(["sh", "-c", 'rm -rf -- "$1" && mkdir -p -- "$1"', "sh", target])
+
+    def install_tests(self, src: Path) -> str:
+        self._check_open()
+        if not Path(src).is_dir():
+            raise FileNotFoundError(f"install_tests: {src} is not a folder")
+        self._run_checked(["sh", "-c", f"rm -rf {TESTS_DIR} && mkdir -p {TESTS_DIR}"])
+        self._put_tree(TESTS_DIR, Path(src), ".")
+        return TESTS_DIR
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _consume(
+    stream: Iterable[tuple[bytes | None, bytes | None]],
+    out: BoundedOutput,
+    err: BoundedOutput,
+    failures: list[BaseException],
+) -> None:
+    """Feed the demultiplexed stream into the buffers; a failure is handed to the caller."""
+    try:
+        for stdout_chunk, stderr_chunk in stream:
+            if stdout_chunk:
+                out.feed(stdout_chunk)
+            if stderr_chunk:
+                err.feed(stderr_chunk)
+    # Re-raised by the caller, unless it closed the stream itself after a kill.
+    except Exception as exc:
+        failures.append(exc)
+
+
+def _owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    # Without CAP_DAC_OVERRIDE, root in the container cannot write files owned by the host
+    # user's uid, so copies are handed to root.
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
