@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -77,31 +78,39 @@ def _run_init_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+STAGE_COMMANDS = {
+    "rollout": "thundersync_core.rollout.cli",
+    "sandbox": "thundersync_core.rollout.sandbox.cli",
+    "prep": "data_prep.cli",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="thundersync", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_replay(sub)
     _add_init_policy(sub)
     _add_demo(sub)
-    from thundersync_core.rollout import cli as rollout_cli
-    from thundersync_core.rollout.sandbox import cli as sandbox_cli
-
-    rollout_cli.add_parser(sub)
-    sandbox_cli.add_parser(sub)
+    handlers = {"replay": _run_replay, "init-policy": _run_init_policy, "demo": _run_demo}
+    # Stage commands live with their stage; their modules import nothing heavy at top level.
+    for name, module_path in STAGE_COMMANDS.items():
+        module = importlib.import_module(module_path)
+        module.add_parser(sub)
+        handlers[name] = module.run
     args = parser.parse_args(argv)
-    handlers = {
-        "replay": _run_replay,
-        "init-policy": _run_init_policy,
-        "demo": _run_demo,
-        "rollout": rollout_cli.run,
-        "sandbox": sandbox_cli.run,
-    }
     from thundersync_core.batch import BatchFormatError
     from thundersync_core.streaming.base import LearnerRefusal
 
     try:
         return handlers[args.command](args)
-    except (BatchFormatError, LearnerRefusal, FileNotFoundError, ValueError, KeyError) as exc:
+    except (
+        BatchFormatError,
+        LearnerRefusal,
+        FileNotFoundError,
+        FileExistsError,
+        ValueError,
+        KeyError,
+    ) as exc:
         print(f"thundersync {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

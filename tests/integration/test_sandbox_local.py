@@ -297,11 +297,14 @@ def test_concurrent_sandboxes_are_separate():
     def run(index: int) -> tuple[int | None, str]:
         with open_sandbox("local") as box:
             box.write_file("n.txt", str(index))
-            result = box.exec("sleep 0.2; cat n.txt; ls /tmp | wc -l")
+            # Each sandbox sees only its own marker in its private /tmp.
+            result = box.exec(
+                "touch /tmp/mark-$RANDOM; sleep 0.2; cat n.txt; ls /tmp | grep -c mark"
+            )
             return box.uid, result.stdout
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         outcomes = list(pool.map(run, range(4)))
-    assert [stdout for _uid, stdout in outcomes] == [f"{i}0\n" for i in range(4)]
+    assert [stdout for _uid, stdout in outcomes] == [f"{i}1\n" for i in range(4)]
     if os.geteuid() == 0:
         assert len({uid for uid, _stdout in outcomes}) == 4

@@ -381,15 +381,16 @@ def _mount_args(root: Path, workdir: str, ro_binds: Sequence[Path]) -> list[str]
             plan.args += ["--symlink", os.readlink(name), name]
         elif os.path.isdir(name):
             plan.ro_bind(Path(name))
-    for path in _python_dirs():
-        plan.ro_bind(path)
     plan.args += ["--dev", "/dev", "--perms", "1777", "--size", str(_DEV_SHM_BYTES)]
     plan.args += ["--tmpfs", "/dev/shm", "--proc", "/proc"]
     plan.bind(root / "tmp", Path("/tmp"))
     plan.bind(root / "logs", Path(LOGS_DIR))
     plan.ro_bind(root / "tests", Path(TESTS_DIR))
     plan.bind(root / "work", Path(workdir))
-    # Last, so that a caller's path below /tmp is not hidden by the private /tmp.
+    # Last, so that an interpreter, venv or caller's path below /tmp (a checkout in /tmp,
+    # say) is not hidden by the private /tmp.
+    for path in _python_dirs():
+        plan.ro_bind(path)
     for path in ro_binds:
         if not Path(path).is_absolute() or not Path(path).exists():
             raise SandboxPathError(f"ro_binds: {path} must be an existing absolute path")

@@ -1,0 +1,1 @@
+"""Loaders of task pools: each returns valid records and the quarantined rest, never drops."""
