@@ -125,7 +125,10 @@ def filter_swe(records: list[SWESmithRecord], config: PrepConfig, out: Path, log
     key = lambda r: r.instance_id  # noqa: E731
     verified = set()
     if config.swe_bench_verified is not None:
-        verified = {normalise_repo(r.repo) for r in load_swe_bench(config.swe_bench_verified)}
+        evaluated, malformed = load_swe_bench(config.swe_bench_verified)
+        # Malformed evaluation records cannot separate anything: say so in the quarantine.
+        log.quarantine.extend(malformed)
+        verified = {normalise_repo(r.repo) for r in evaluated}
     records = log.apply(SWE, "language", records, filters.swe_language, key)
     records = log.apply(SWE, "benchmark_separation", records, filters.swe_separation(verified), key)
     dedup = filters.exact_duplicates(lambda r: f"{normalise_repo(r.repo)}\n{r.patch}", key)

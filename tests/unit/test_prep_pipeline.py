@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -65,6 +66,9 @@ def write_terminal_pool(root: Path) -> None:
     (old / "task.yaml").write_text("instruction: Print the current date into date.txt.\n")
     (old / "solution.sh").write_text("date > date.txt\n")
     (old / "run-tests.sh").write_text("test -s date.txt\n")
+    no_instruction = root / "old-layout-2"
+    shutil.copytree(old, no_instruction)
+    (no_instruction / "task.yaml").write_text("difficulty: easy\n")
     broken = root / "broken-task"
     broken.mkdir()
     (broken / "task.toml").write_text('version = "1.0"\n')
@@ -107,7 +111,7 @@ def test_counts_reconcile_and_every_reason_is_recorded(pools, tmp_path):
     assert stages[("swe", "length")]["filtered"] == 1
     assert sum(manifest["splits"]["swe"].values()) == 26
     term = {k[1]: v for k, v in stages.items() if k[0] == "terminal"}
-    assert term["load"]["quarantined"] == 1  # broken-task
+    assert term["load"]["quarantined"] == 2  # broken-task, old-layout-2
     assert term["benchmark_separation"]["filtered"] == 1  # count-lines matches eval-count
     assert term["duplicates"]["filtered"] == 1  # write-hello-copy
     quarantine = [
@@ -119,6 +123,7 @@ def test_counts_reconcile_and_every_reason_is_recorded(pools, tmp_path):
     assert "not JSON" in reasons
     assert "same id appears twice" in reasons
     assert "harbor task misses" in reasons
+    assert "task.yaml has no instruction" in reasons
 
 
 def test_rerun_is_byte_identical(pools, tmp_path):
@@ -166,6 +171,18 @@ def test_existing_output_is_never_overwritten(pools, tmp_path):
     with pytest.raises(FileExistsError, match="not empty"):
         prepare(config_for(tmp_path, *pools), out)
     assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_malformed_evaluation_records_are_quarantined_not_dropped(pools, tmp_path):
+    rows = pq.read_table(VERIFIED).slice(0, 3).to_pylist()
+    rows[1]["FAIL_TO_PASS"] = "[not json"
+    bad_verified = tmp_path / "verified.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), bad_verified)
+    config = config_for(tmp_path, *pools).model_copy(update={"swe_bench_verified": bad_verified})
+    prepare(config, tmp_path / "out")
+    quarantine = (tmp_path / "out" / "quarantine.jsonl").read_text()
+    assert rows[1]["instance_id"] in quarantine
+    assert "swe-bench-verified" in quarantine
 
 
 def test_config_errors_name_the_field(tmp_path):
