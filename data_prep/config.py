@@ -4,7 +4,7 @@ Example::
 
     seed: 0
     dev_fraction: 0.05
-    swe_bench_verified: ../shared/data/swe-bench-verified/test.parquet
+    swe_bench_verified: ../data/swe-bench-verified/test.parquet
     swe_sources:
       - {kind: minismith, name: minismith, max_per_project: 20}
       - {kind: file, name: swe-smith-sample, path: pools/swe_smith.jsonl}

@@ -18,9 +18,7 @@ from data_prep.config import PrepConfig, load_prep_config
 from data_prep.pipeline import prepare
 from data_prep.split import in_dev
 
-VERIFIED = (
-    Path(__file__).parents[2].parent / "shared" / "data" / "swe-bench-verified" / "test.parquet"
-)
+VERIFIED = Path(__file__).parents[2] / "data" / "swe-bench-verified" / "test.parquet"
 FIXTURE_TASKS = Path(__file__).parents[1] / "fixtures" / "tasks"
 
 
