@@ -34,6 +34,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from data_prep.schema import test_list
 from data_prep.verdict import Verdict
 from thundersync_core.rollout.grading import (
     GradeResult,
@@ -64,13 +65,10 @@ class RecordError(ValueError):
 
 def parse_test_ids(value: object, field: str) -> list[str]:
     """A list of pytest node ids from a list or a JSON string of one."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"{field}: not a list nor a JSON list ({exc})") from exc
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise RecordError(f"{field}: expected a list of test ids, got {type(value).__name__}")
+    try:
+        value = test_list(value)
+    except ValueError as exc:
+        raise RecordError(f"{field}: {exc}") from None
     for item in value:
         try:
             junit_key(item)
