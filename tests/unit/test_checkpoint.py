@@ -1,0 +1,81 @@
+"""Exact resume: k steps, save, restore into fresh objects, go on == one uninterrupted run."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from tests.helpers import random_batch
+from thundersync_core.checkpoint import (
+    due,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from thundersync_core.policy import build_model
+from thundersync_core.streaming import StreamingGRPOLearner, groups_of
+
+
+def train(model, optimizer, learner, steps: int) -> None:
+    """GRPO steps whose batches and arrival orders come from the global RNGs."""
+    for _ in range(steps):
+        seed = int(torch.randint(0, 2**31, (1,)))
+        batch = [
+            dataclasses.replace(t, policy_version=learner.policy_version)
+            for t in random_batch(seed=seed, vocab=1024, n_groups=2, group_size=3)
+        ]
+        learner.begin_batch(groups_of(batch))
+        for traj in random.sample(batch, len(batch)):
+            learner.submit(traj)
+        learner.step(optimizer)
+
+
+def fresh(seed: int):
+    model = build_model("micro", seed=seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, optimizer, StreamingGRPOLearner(model)
+
+
+def test_resume_is_bitwise_exact(tmp_path):
+    torch.manual_seed(0)
+    random.seed(0)
+    model_a, opt_a, learner_a = fresh(1)
+    train(model_a, opt_a, learner_a, 3)
+
+    torch.manual_seed(0)
+    random.seed(0)
+    model_b, opt_b, learner_b = fresh(1)
+    train(model_b, opt_b, learner_b, 2)
+    path = save_checkpoint(
+        tmp_path, step=2, model=model_b, optimizer=opt_b, policy_version=learner_b.policy_version
+    )
+    torch.manual_seed(123)  # disturb every RNG the resume must restore
+    random.seed(123)
+
+    model_c, opt_c, learner_c = fresh(7)  # different initial weights on purpose
+    state = load_checkpoint(path, model=model_c, optimizer=opt_c)
+    learner_c.policy_version = state["policy_version"]
+    assert state["step"] == 2
+    train(model_c, opt_c, learner_c, 1)
+    for (name, a), (_, c) in zip(
+        model_a.named_parameters(), model_c.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, c), name
+    assert learner_c.policy_version == learner_a.policy_version == 3
+
+
+def test_latest_ignores_partial_and_steps_are_saved_once(tmp_path):
+    model, optimizer, _ = fresh(0)
+    save_checkpoint(tmp_path, step=2, model=model, optimizer=optimizer, policy_version=2)
+    save_checkpoint(tmp_path, step=10, model=model, optimizer=optimizer, policy_version=10)
+    (tmp_path / ".step-000012.partial").mkdir()  # a crash mid-write
+    (tmp_path / "step-000011").mkdir()  # no state.json: not a checkpoint
+    assert latest_checkpoint(tmp_path).name == "step-000010"
+    with pytest.raises(FileExistsError, match="saved once"):
+        save_checkpoint(tmp_path, step=10, model=model, optimizer=optimizer, policy_version=10)
+    assert [s for s in range(1, 13) if due(s, 4)] == [4, 8, 12]
+    with pytest.raises(ValueError, match="cadence"):
+        due(3, 0)
