@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import psutil
-import torch
 
 
 def feed_on_schedule(
@@ -70,8 +69,3 @@ def run_worker(script: str, argv: Sequence[str]) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"worker {argv} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def grad_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-    return diff / max(float(a[k].double().abs().max()) for k in a)

@@ -25,10 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import feed_on_schedule, grad_rel_diff, peak_rss_bytes, rss_bytes, run_worker
+from common import feed_on_schedule, peak_rss_bytes, rss_bytes, run_worker
 
 from thundersync_core.batch import Segment, Trajectory
 from thundersync_core.policy import build_model
+from thundersync_core.replay import relative_difference
 from thundersync_core.streaming import StreamingGRPOLearner, SyncGRPOLearner, groups_of
 
 SHAPE_FLAGS = ("preset", "groups", "group_size", "prompt_tokens", "response_tokens", "segments")
@@ -146,7 +147,7 @@ def main() -> None:
         "peak_rss_above_baseline_mib": {
             s: round(rows[s]["peak_rss_above_baseline_mib"], 1) for s in rows
         },
-        "grad_rel_diff_fp32": grad_rel_diff(a, b),
+        "grad_rel_diff_fp32": relative_difference(a, b),
     }
     print(json.dumps(summary))
 

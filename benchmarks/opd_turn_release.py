@@ -24,11 +24,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import feed_on_schedule, grad_rel_diff, peak_rss_bytes, rss_bytes, run_worker
+from common import feed_on_schedule, peak_rss_bytes, rss_bytes, run_worker
 
 from thundersync_core.batch import Segment, Trajectory, Turn, turns_of
 from thundersync_core.objectives.opd import split_by_turn
 from thundersync_core.policy import build_model
+from thundersync_core.replay import relative_difference
 from thundersync_core.streaming import StreamingOPDLearner, SyncOPDLearner, groups_of
 from thundersync_core.teacher import Teacher
 
@@ -173,7 +174,7 @@ def main() -> None:
                     "stream_peak_live_kv_mib": round(
                         rows["stream"]["counters"]["peak_live_kv_bytes"] / 2**20, 2
                     ),
-                    "grad_rel_diff_fp32": grad_rel_diff(a, b),
+                    "grad_rel_diff_fp32": relative_difference(a, b),
                 }
             )
     for line in summary:

@@ -85,7 +85,7 @@ class StageLog:
                     f"{c.pool}/{c.stage}: took {c.n_in} records, previous stage kept "
                     f"{previous[c.pool]}"
                 )
-            previous[c.pool] = c.kept + (previous.get(c.pool, 0) if c.stage == "load" else 0)
+            previous[c.pool] = c.kept
 
     def table(self) -> list[dict[str, object]]:
         return [c.row() for c in self.counts]

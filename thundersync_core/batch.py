@@ -18,7 +18,6 @@ learner ignores) are optional.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,7 +243,3 @@ def trajectory_to_json(traj: Trajectory) -> str:
     if traj.metadata is not None:
         record["metadata"] = dict(traj.metadata)
     return json.dumps(record)
-
-
-def is_finite(value: float) -> bool:
-    return math.isfinite(value)

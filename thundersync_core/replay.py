@@ -16,6 +16,7 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -181,7 +182,11 @@ def _write_outputs(out_dir: Path, tensors: dict[str, torch.Tensor], summary: dic
 
 def compare_gradients(a_path: Path, b_path: Path) -> float:
     """max |a - b| / max |a| over all parameters of two gradient files."""
-    a, b = load_file(str(a_path)), load_file(str(b_path))
+    return relative_difference(load_file(str(a_path)), load_file(str(b_path)))
+
+
+def relative_difference(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """max |a - b| / max |a| over all parameters (absolute when a is all zeros)."""
     if a.keys() != b.keys():
         raise ValueError(f"parameter names differ: {sorted(a.keys() ^ b.keys())[:5]}")
     diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)

@@ -11,6 +11,8 @@ head is ``model.get_output_embeddings()`` with no logit scaling.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
@@ -48,19 +50,28 @@ def scored_logprobs(
     hidden_NH = hidden_BTH[:, :-1][predicts_BT]
     targets_N = ids_BT[:, 1:][predicts_BT]
     row_N = predicts_BT.nonzero()[:, 0]
-    head = model.get_output_embeddings()
-    logits_NV = head(hidden_NH)
+    return _project(model, hidden_NH, targets_N), row_N
+
+
+def _project(
+    model: PreTrainedModel, hidden_NH: torch.Tensor, targets_N: torch.Tensor
+) -> torch.Tensor:
+    """log pi(target) for each of N hidden states: the only vocabulary-wide work."""
+    logits_NV = model.get_output_embeddings()(hidden_NH)
     logp_NV = F.log_softmax(logits_NV.to(_head_dtype(logits_NV.dtype)), dim=-1)
-    return logp_NV.gather(-1, targets_N[:, None])[:, 0], row_N
+    return logp_NV.gather(-1, targets_N[:, None])[:, 0]
 
 
 def prefix_key_values(
     model: PreTrainedModel, prefix_ids_T: torch.Tensor
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Forward a prefix once and return each layer's (keys, values), graph attached."""
-    decoder = model.base_model
     cache = DynamicCache()
-    decoder(input_ids=prefix_ids_T[None], past_key_values=cache, use_cache=True)
+    model.base_model(input_ids=prefix_ids_T[None], past_key_values=cache, use_cache=True)
+    return _cache_key_values(cache)
+
+
+def _cache_key_values(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     pairs = []
     for index, layer in enumerate(cache.layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
@@ -71,6 +82,14 @@ def prefix_key_values(
             )
         pairs.append((keys, values))
     return pairs
+
+
+def cache_from_flat(kv_flat: Sequence[torch.Tensor]) -> DynamicCache:
+    """A fresh cache over [k0, v0, k1, v1, ...]; later tokens append to it, not to these."""
+    if not kv_flat:
+        return DynamicCache()
+    pairs = [(kv_flat[i], kv_flat[i + 1]) for i in range(0, len(kv_flat), 2)]
+    return DynamicCache(ddp_cache_data=pairs)
 
 
 def chunk_forward(
@@ -88,12 +107,8 @@ def chunk_forward(
     """
     past_len = cache.get_seq_length()
     out = model.base_model(input_ids=input_ids_T[None], past_key_values=cache, use_cache=True)
-    new_kv = []
-    for layer in out.past_key_values.layers:
-        new_kv += [layer.keys[:, :, past_len:], layer.values[:, :, past_len:]]
+    new_kv = [t[:, :, past_len:] for kv in _cache_key_values(out.past_key_values) for t in kv]
     if not bool(scored_T.any()):
         return torch.zeros(0, device=input_ids_T.device), new_kv
     hidden_NH = out.last_hidden_state[0][scored_T]
-    logits_NV = model.get_output_embeddings()(hidden_NH)
-    logp_NV = F.log_softmax(logits_NV.to(_head_dtype(logits_NV.dtype)), dim=-1)
-    return logp_NV.gather(-1, targets_T[scored_T][:, None])[:, 0], new_kv
+    return _project(model, hidden_NH, targets_T[scored_T]), new_kv

@@ -205,7 +205,7 @@ class Agent:
             ended = bool(result.token_ids) and result.token_ids[-1] == self.end_id
             text = self.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
             commands.append((episode, parse_action(text), ended))
-        observations = list(self.pool.map(lambda c: self._execute(*c), commands))
+        observations = list(self.pool.map(lambda c: self._execute(c[0], c[1]), commands))
         for (episode, _, ended), observation in zip(commands, observations, strict=True):
             if observation is not None:
                 self._append_observation(episode, observation, ended)
@@ -228,8 +228,7 @@ class Agent:
             return 0
         return min(cfg.max_tokens_per_turn, left_total, left_context)
 
-    def _execute(self, episode: _Live, command: str | None, ended: bool) -> str | None:
-        del ended
+    def _execute(self, episode: _Live, command: str | None) -> str | None:
         if command is None:
             return PARSE_ERROR
         if command.strip() == "submit":

@@ -22,6 +22,8 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
+from thundersync_core.batch import Trajectory
+
 
 class LearnerRefusal(RuntimeError):
     """The learner refused an input or a step; the message says which and why."""
@@ -205,6 +207,13 @@ class LearnerBase:
                 f"trajectory {tid!r}: group {group_id!r} already has {spec.size} trajectories"
             )
         self._check_versions()
+
+    def _accept_whole(self, traj: Trajectory) -> None:
+        """Check and count a whole trajectory as one source that completes it."""
+        self._check_source(traj.group_id, traj.trajectory_id, traj.prompt_ids, traj.policy_version)
+        self._mark_done(traj.group_id, traj.trajectory_id)
+        self._n_sources += 1
+        self._n_scored_tokens += traj.n_scored_tokens
 
     def _mark_done(self, group_id: str, trajectory_id: str) -> None:
         self._done[group_id].add(trajectory_id)

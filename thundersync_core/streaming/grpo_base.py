@@ -33,10 +33,7 @@ class GRPOLearnerBase(LearnerBase):
             raise LearnerRefusal(
                 f"trajectory {traj.trajectory_id!r}: reward {traj.reward} is not finite"
             )
-        self._check_source(traj.group_id, traj.trajectory_id, traj.prompt_ids, traj.policy_version)
-        self._mark_done(traj.group_id, traj.trajectory_id)
-        self._n_sources += 1
-        self._n_scored_tokens += traj.n_scored_tokens
+        self._accept_whole(traj)
         self._on_submit(traj)
 
     def _on_submit(self, traj: Trajectory) -> None:

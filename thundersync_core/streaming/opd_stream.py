@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from thundersync_core.batch import Trajectory, Turn, turns_of
 from thundersync_core.objectives.opd import (
@@ -35,7 +35,7 @@ from thundersync_core.objectives.opd import (
     split_by_turn,
     turn_loss,
 )
-from thundersync_core.policy.logprobs import chunk_forward
+from thundersync_core.policy.logprobs import cache_from_flat, chunk_forward
 from thundersync_core.streaming.base import LearnerBase, LearnerRefusal
 from thundersync_core.streaming.prefix import SharedPrefix
 
@@ -106,14 +106,15 @@ class StreamingOPDLearner(LearnerBase):
             self.submit_turn(turn)
 
     def submit_turn(self, turn: Turn) -> None:
-        state = self._admit(turn)
+        tokens = list(turn.prompt_ids) + [i for s in turn.segments for i in s.ids]
+        state = self._admit(turn, tokens)
         action = turn.action
         n_scored = sum(action.scored) if action is not None else 0
         check_turn_scores(turn.trajectory_id, turn.index, n_scored, turn.teacher_logprobs)
         self._n_sources += 1
         self._n_scored_tokens += n_scored
         if action is not None and action.ids:
-            state.tokens = list(turn.prompt_ids) + [i for s in turn.segments for i in s.ids]
+            state.tokens = tokens
             self._forward_turn(state, turn)
         state.next_turn += 1
         live = self.live_kv_bytes()
@@ -121,7 +122,7 @@ class StreamingOPDLearner(LearnerBase):
         if turn.last:
             self._close_trajectory(turn.trajectory_id)
 
-    def _admit(self, turn: Turn) -> _OpenTrajectory:
+    def _admit(self, turn: Turn, tokens: list[int]) -> _OpenTrajectory:
         tid = turn.trajectory_id
         state = self._open.get(tid)
         if state is None:
@@ -138,8 +139,10 @@ class StreamingOPDLearner(LearnerBase):
             raise LearnerRefusal(
                 f"trajectory {tid!r}: turn {turn.index} arrived, expected turn {state.next_turn}"
             )
-        known = list(turn.prompt_ids) + [i for s in turn.segments for i in s.ids]
-        if known[: len(state.tokens)] != state.tokens or turn.policy_version != self.policy_version:
+        if (
+            tokens[: len(state.tokens)] != state.tokens
+            or turn.policy_version != self.policy_version
+        ):
             raise LearnerRefusal(
                 f"trajectory {tid!r} turn {turn.index}: does not extend the trajectory's earlier "
                 "turns (different prompt, tokens or policy version)"
@@ -178,7 +181,7 @@ class StreamingOPDLearner(LearnerBase):
         scored_T = torch.zeros(end - 1 - done, dtype=torch.bool, device=self.device)
         scored_T[start - 1 - done :] = torch.tensor(action.scored, dtype=torch.bool)
         leaves = self._context_leaves(state)
-        cache = _cache_of(leaves)
+        cache = cache_from_flat(leaves)
         with torch.set_grad_enabled(bool(scored_T.any())):
             logprobs_N, new_kv = chunk_forward(self.model, ids_T, targets_T, scored_T, cache)
         self._stats["turn_forwards"] += 1
@@ -239,7 +242,7 @@ class StreamingOPDLearner(LearnerBase):
             state.tokens[state.prefix_len : state.last_chunk_start], device=self.device
         )
         nothing_T = torch.zeros(n_replay, dtype=torch.bool, device=self.device)
-        _, new_kv = chunk_forward(self.model, ids_T, ids_T, nothing_T, _cache_of(proxies))
+        _, new_kv = chunk_forward(self.model, ids_T, ids_T, nothing_T, cache_from_flat(proxies))
         # The ledger ends where the last backward left it: zero-extend over later positions.
         ledger = [_pad_to(a, n_replay).narrow(SEQ_DIM, 0, n_replay) for a in state.ledger]
         adjoints = [a.to(t.dtype) for a, t in zip(ledger, new_kv, strict=True)]
@@ -283,13 +286,6 @@ class StreamingOPDLearner(LearnerBase):
 
     def _counters(self) -> dict[str, int]:
         return dict(self._stats)
-
-
-def _cache_of(leaves: list[torch.Tensor]) -> DynamicCache:
-    if not leaves:
-        return DynamicCache()
-    pairs = [(leaves[i], leaves[i + 1]) for i in range(0, len(leaves), 2)]
-    return DynamicCache(ddp_cache_data=pairs)
 
 
 def _pad_to(tensor: torch.Tensor, length: int) -> torch.Tensor:

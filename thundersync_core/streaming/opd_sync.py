@@ -37,10 +37,7 @@ class SyncOPDLearner(LearnerBase):
 
     def submit(self, traj: Trajectory) -> None:
         split_by_turn(traj)  # refuses missing, miscounted or non-finite teacher scores
-        self._check_source(traj.group_id, traj.trajectory_id, traj.prompt_ids, traj.policy_version)
-        self._mark_done(traj.group_id, traj.trajectory_id)
-        self._n_sources += 1
-        self._n_scored_tokens += traj.n_scored_tokens
+        self._accept_whole(traj)
         self._batch.append(traj)
 
     def _scale(self) -> float:

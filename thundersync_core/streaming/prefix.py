@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from thundersync_core.policy.logprobs import prefix_key_values
+from thundersync_core.policy.logprobs import cache_from_flat, prefix_key_values
 
 
 class SharedPrefix:
@@ -33,8 +33,7 @@ class SharedPrefix:
 
     def cache(self) -> DynamicCache:
         """A fresh cache over the proxies; later tokens append to it, never to the proxies."""
-        pairs = [(self.proxies[i], self.proxies[i + 1]) for i in range(0, len(self.proxies), 2)]
-        return DynamicCache(ddp_cache_data=pairs)
+        return cache_from_flat(self.proxies)
 
     def replay(
         self, adjoints: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
