@@ -9,10 +9,13 @@ Batch file (JSONL), one trajectory per line::
 
     {"group_id": str, "trajectory_id": str, "prompt_ids": [int],
      "segments": [{"kind": "action"|"observation", "ids": [int], "scored": [bool]}],
-     "reward": float, "policy_version": int, "teacher_logprobs": [float]}
+     "reward": float, "policy_version": int, "teacher_logprobs": [float],
+     "behaviour_logprobs": [float]}
 
-``scored``, ``policy_version``, ``teacher_logprobs`` and ``metadata`` (rollout facts the
-learner ignores) are optional.
+``scored``, ``policy_version``, ``teacher_logprobs``, ``behaviour_logprobs`` (the sampling
+policy's log-prob of each scored token, for off-policy correction) and ``metadata`` (rollout
+facts the learner ignores) are optional. ``policy_version`` is the version that sampled the
+trajectory's first token; with in-flight weight updates later turns may be newer.
 """
 
 from __future__ import annotations
@@ -55,8 +58,10 @@ class Trajectory:
     reward: float
     policy_version: int = 0
     teacher_logprobs: tuple[float, ...] | None = field(default=None, compare=False)
-    #: Rollout facts the learner ignores (events, finish reason, behaviour log-probs, ...).
+    #: Rollout facts the learner ignores (events, finish reason, turn versions, ...).
     metadata: Mapping[str, Any] | None = field(default=None, compare=False)
+    #: The sampling policy's log-prob of each scored token, in order (off-policy correction).
+    behaviour_logprobs: tuple[float, ...] | None = field(default=None, compare=False)
 
     @property
     def response_ids(self) -> tuple[int, ...]:
@@ -88,6 +93,8 @@ class Turn:
     teacher_logprobs: tuple[float, ...]
     last: bool
     policy_version: int = 0
+    #: The sampling policy's log-prob of each scored action token (off-policy correction).
+    behaviour_logprobs: tuple[float, ...] | None = field(default=None, compare=False)
 
     @property
     def action(self) -> Segment | None:
@@ -97,8 +104,14 @@ class Turn:
 
 
 def turns_of(traj: Trajectory, teacher_by_turn: Sequence[tuple[float, ...]]) -> list[Turn]:
-    """The trajectory's action turns in order; the last one closes the trajectory."""
+    """The trajectory's action turns in order; the last one closes the trajectory.
+
+    Each turn carries its share of ``behaviour_logprobs`` and, when the rollout recorded
+    them (``metadata["turn_versions"]``), the policy version that sampled it.
+    """
     action_at = [i for i, s in enumerate(traj.segments) if s.kind == "action"]
+    versions = (traj.metadata or {}).get("turn_versions") or []
+    behaviour = _split_by_action(traj, traj.behaviour_logprobs, action_at)
 
     def turn(index: int, segments: tuple[Segment, ...], teacher: tuple[float, ...]) -> Turn:
         return Turn(
@@ -109,7 +122,8 @@ def turns_of(traj: Trajectory, teacher_by_turn: Sequence[tuple[float, ...]]) -> 
             segments=segments,
             teacher_logprobs=teacher,
             last=index == max(len(action_at) - 1, 0),
-            policy_version=traj.policy_version,
+            policy_version=int(versions[index]) if index < len(versions) else traj.policy_version,
+            behaviour_logprobs=behaviour[index] if behaviour is not None else None,
         )
 
     if not action_at:
@@ -117,6 +131,24 @@ def turns_of(traj: Trajectory, teacher_by_turn: Sequence[tuple[float, ...]]) -> 
     return [
         turn(k, traj.segments[: i + 1], tuple(teacher_by_turn[k])) for k, i in enumerate(action_at)
     ]
+
+
+def _split_by_action(
+    traj: Trajectory, flat: tuple[float, ...] | None, action_at: list[int]
+) -> list[tuple[float, ...]] | None:
+    if flat is None:
+        return None
+    counts = [sum(traj.segments[i].scored) for i in action_at]
+    if len(flat) != sum(counts):
+        raise BatchFormatError(
+            f"trajectory {traj.trajectory_id!r}: field behaviour_logprobs: {len(flat)} values "
+            f"for {sum(counts)} scored tokens"
+        )
+    out, start = [], 0
+    for n in counts:
+        out.append(flat[start : start + n])
+        start += n
+    return out or [()]
 
 
 class _SegmentRecord(BaseModel):
@@ -149,6 +181,7 @@ class _TrajectoryRecord(BaseModel):
     reward: float = Field(allow_inf_nan=False)
     policy_version: int = 0
     teacher_logprobs: list[float] | None = None
+    behaviour_logprobs: list[float] | None = None
     metadata: dict[str, Any] | None = None
 
     def to_trajectory(self) -> Trajectory:
@@ -166,6 +199,9 @@ class _TrajectoryRecord(BaseModel):
             policy_version=self.policy_version,
             teacher_logprobs=teacher,
             metadata=self.metadata,
+            behaviour_logprobs=(
+                tuple(self.behaviour_logprobs) if self.behaviour_logprobs is not None else None
+            ),
         )
 
 
@@ -240,6 +276,8 @@ def trajectory_to_json(traj: Trajectory) -> str:
     }
     if traj.teacher_logprobs is not None:
         record["teacher_logprobs"] = list(traj.teacher_logprobs)
+    if traj.behaviour_logprobs is not None:
+        record["behaviour_logprobs"] = list(traj.behaviour_logprobs)
     if traj.metadata is not None:
         record["metadata"] = dict(traj.metadata)
     return json.dumps(record)

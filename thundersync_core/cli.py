@@ -82,6 +82,10 @@ STAGE_COMMANDS = {
     "rollout": "thundersync_core.rollout.cli",
     "sandbox": "thundersync_core.rollout.sandbox.cli",
     "prep": "data_prep.cli",
+    "train": "thundersync_core.train_cli",
+    "eval": "eval.cli",
+    "perfmodel": "thundersync_core.perfmodel.cli",
+    "plan": "thundersync_core.perfmodel.plan_cli",
 }
 
 

@@ -29,9 +29,17 @@ class TeacherScoreError(ValueError):
     """Teacher log-probs do not fit a turn; the message names trajectory and turn."""
 
 
-def turn_loss(logprobs_N: torch.Tensor, teacher_N: torch.Tensor) -> torch.Tensor:
-    """sum_t sg(log pi_t - q_t) * log pi_t over one turn's (or row's) scored tokens."""
+def turn_loss(
+    logprobs_N: torch.Tensor, teacher_N: torch.Tensor, is_weights_N: torch.Tensor | None = None
+) -> torch.Tensor:
+    """sum_t sg(log pi_t - q_t) * log pi_t over one turn's (or row's) scored tokens.
+
+    Off-policy samples (one-step-off, pipeline) multiply each term by its truncated
+    importance weight ``is_weights_N`` (constant).
+    """
     weights_N = (logprobs_N - teacher_N).detach()
+    if is_weights_N is not None:
+        weights_N = weights_N * is_weights_N
     return (weights_N * logprobs_N).sum()
 
 

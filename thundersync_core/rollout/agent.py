@@ -10,6 +10,11 @@ head and tail around an elision marker.
 
 Episodes run concurrently: each round sends every live trajectory's next request to the
 engine in one batched ``generate`` call, then runs their commands in parallel sandboxes.
+``stream`` yields events as they happen: a ``TurnReady`` after each action (with the
+trajectory so far, for a teacher to score) and each graded ``Trajectory`` as soon as its
+grader returns, while the other episodes keep going; grading overlaps the next rounds.
+Between rounds a hook may swap the engine's weights (in-flight updates): every action
+records the policy version that sampled it.
 Action tokens are exactly the sampled ids; the observation segment carries the chat glue
 (end of the assistant message, the user message, the next assistant header), never scored.
 """
@@ -18,12 +23,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from thundersync_core.batch import Segment, Trajectory
+from thundersync_core.batch import Segment, Trajectory, Turn
 from thundersync_core.rollout.engine import (
     GenerationRequest,
     RolloutEngine,
@@ -78,12 +84,21 @@ class EpisodeSpec:
     trajectory_id: str
 
 
+@dataclass(frozen=True)
+class TurnReady:
+    """An action turn just sampled: the trajectory so far, ready for a teacher to score."""
+
+    turn: Turn
+    task_id: str
+
+
 @dataclass
 class _Live:
     spec: EpisodeSpec
     sandbox: Sandbox
     prompt_ids: tuple[int, ...]
     segments: list[Segment] = field(default_factory=list)
+    new_turn: Turn | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     action_logprobs: list[list[float]] = field(default_factory=list)
     turn_versions: list[int] = field(default_factory=list)
@@ -99,6 +114,28 @@ class _Live:
 
     def mark(self, kind: str, **info: Any) -> None:
         self.events.append({"event": kind, "time": time.time(), **info})
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, system_prompt: str, instruction: str) -> tuple[int, ...]:
+    messages = [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": instruction},
+    ]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    prompt_ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    return tuple(int(i) for i in prompt_ids)
+
+
+def _admitted(
+    pending: deque[EpisodeSpec], room: int | None, admit: Callable[[EpisodeSpec], bool] | None
+) -> list[EpisodeSpec]:
+    """Pop the specs that may start now: at most ``room``, in order, while ``admit`` allows."""
+    out: list[EpisodeSpec] = []
+    while pending and (room is None or len(out) < room):
+        if admit is not None and not admit(pending[0]):
+            break
+        out.append(pending.popleft())
+    return out
 
 
 def parse_action(text: str) -> str | None:
@@ -151,26 +188,69 @@ class Agent:
 
     # -- driver ----------------------------------------------------------------------------
     def run(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
-        """Run every episode to its end, grade it, and return learner-ready trajectories."""
-        live = list(self.pool.map(self._start, specs))
+        """Run every episode to its end, grade it, and return trajectories in ``specs`` order."""
+        done = {t.trajectory_id: t for t in self.stream(specs) if isinstance(t, Trajectory)}
+        return [done[s.trajectory_id] for s in specs]
+
+    def stream(
+        self,
+        specs: Iterable[EpisodeSpec],
+        *,
+        max_live: int | None = None,
+        admit: Callable[[EpisodeSpec], bool] | None = None,
+        before_round: Callable[[], None] | None = None,
+    ) -> Iterator[Trajectory | TurnReady]:
+        """Run episodes, yielding each action turn and each graded trajectory as it happens.
+
+        At most ``max_live`` episodes run at once; the next spec starts only when ``admit``
+        returns True for it (a staleness bound holds rollouts back this way).
+        ``before_round`` runs before every generation round (in-flight weight swaps).
+        """
+        pending = deque(specs)
+        live: list[_Live] = []
+        grading: set[Future[Trajectory]] = set()
         try:
-            while active := [e for e in live if e.finish_reason is None]:
-                self._round(active)
-            return list(self.pool.map(self._finish, live))
+            while pending or live or grading:
+                starting = _admitted(pending, max_live - len(live) if max_live else None, admit)
+                live.extend(self.pool.map(self._start, starting))
+                if before_round is not None:
+                    before_round()
+                if live:
+                    self._round(live)
+                    yield from self._take_turns(live)
+                    for episode in [e for e in live if e.finish_reason is not None]:
+                        live.remove(episode)
+                        grading.add(self.pool.submit(self._finish_and_close, episode))
+                if grading:
+                    # Block on graders only when there is nothing to generate; poll while
+                    # ``admit`` holds specs back.
+                    timeout = 0.0 if live else (0.05 if pending else None)
+                    finished, grading = wait(grading, timeout, FIRST_COMPLETED)
+                    yield from (f.result() for f in finished)
+                elif pending and not live:
+                    time.sleep(0.01)
         finally:
             for episode in live:
                 episode.sandbox.close()
+            for future in grading:
+                future.cancel()
+
+    @staticmethod
+    def _take_turns(live: list[_Live]) -> Iterator[TurnReady]:
+        for episode in live:
+            if episode.new_turn is not None:
+                turn, episode.new_turn = episode.new_turn, None
+                last = episode.finish_reason is not None
+                yield TurnReady(replace(turn, last=last), episode.spec.task.task_id)
+
+    def prompt_ids(self, instruction: str) -> tuple[int, ...]:
+        """The chat-formatted prompt of a task: what every trajectory of its group starts with."""
+        return chat_prompt_ids(self.tokenizer, self.config.system_prompt, instruction)
 
     def _start(self, spec: EpisodeSpec) -> _Live:
         sandbox = self.sandbox_factory()
         spec.task.setup(sandbox)
-        messages = [
-            {"role": "system", "content": self.config.system_prompt},
-            {"role": "user", "content": spec.task.instruction},
-        ]
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        prompt_ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-        episode = _Live(spec, sandbox, tuple(int(i) for i in prompt_ids))
+        episode = _Live(spec, sandbox, self.prompt_ids(spec.task.instruction))
         episode.mark("start")
         return episode
 
@@ -200,6 +280,17 @@ class Agent:
             )
             episode.segments.append(Segment.action(result.token_ids))
             episode.action_logprobs.append(list(result.logprobs))
+            episode.new_turn = Turn(
+                group_id=episode.spec.group_id,
+                trajectory_id=episode.spec.trajectory_id,
+                prompt_ids=episode.prompt_ids,
+                index=len(episode.turn_versions),
+                segments=tuple(episode.segments),
+                teacher_logprobs=(),
+                last=False,
+                policy_version=result.policy_version,
+                behaviour_logprobs=tuple(result.logprobs),
+            )
             episode.turn_versions.append(result.policy_version)
             episode.action_tokens += len(result.token_ids)
             ended = bool(result.token_ids) and result.token_ids[-1] == self.end_id
@@ -214,6 +305,8 @@ class Agent:
                 and len(episode.turn_versions) >= self.config.max_turns
             ):
                 episode.finish_reason = "max_turns"
+            if episode.finish_reason is None:
+                self._turn_budget(episode)  # sets the finish reason when no budget is left
 
     def _turn_budget(self, episode: _Live) -> int:
         """Tokens the next action may use; 0 (with a finish reason set) when none are left."""
@@ -263,7 +356,14 @@ class Agent:
             return
         episode.segments.append(Segment.observation(ids))
 
+    def _finish_and_close(self, episode: _Live) -> Trajectory:
+        try:
+            return self._finish(episode)
+        finally:
+            episode.sandbox.close()
+
     def _finish(self, episode: _Live) -> Trajectory:
+        episode.mark("grade_start")
         grade = episode.spec.task.grade(episode.sandbox)
         episode.mark("reward", reward=grade.reward)
         return Trajectory(
@@ -275,6 +375,7 @@ class Agent:
             policy_version=episode.turn_versions[0]
             if episode.turn_versions
             else self.engine.policy_version,
+            behaviour_logprobs=tuple(q for turn in episode.action_logprobs for q in turn),
             metadata={
                 "task_id": episode.spec.task.task_id,
                 "finish_reason": episode.finish_reason,

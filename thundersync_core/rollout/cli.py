@@ -28,13 +28,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit", default=0, type=int, help="use only the first N tasks (0: all)")
 
 
-def make_engine(kind: str, model_dir: Path) -> RolloutEngine:
+def make_engine(kind: str, model_dir: Path, *, max_model_len: int = 4096) -> RolloutEngine:
     """vLLM when asked for or, with ``auto``, when installed; else the transformers engine."""
     from thundersync_core.rollout.hf_engine import HFEngine
     from thundersync_core.rollout.vllm_engine import VLLMEngine, vllm_available
 
     if kind == "vllm" or (kind == "auto" and vllm_available()):
-        return VLLMEngine(model_dir)
+        return VLLMEngine(model_dir, max_model_len=max_model_len)
     return HFEngine(model_dir)
 
 

@@ -22,9 +22,17 @@ class GRPOLearnerBase(LearnerBase):
         loss_agg: LossAgg = "seq-sum",
         accum_dtype: torch.dtype | None = None,
         policy_version: int = 0,
+        max_lag: int = 0,
+        is_clip: float | None = None,
     ) -> None:
         batch_scale(loss_agg, 1, 1)  # validates the name early
-        super().__init__(model, accum_dtype=accum_dtype, policy_version=policy_version)
+        super().__init__(
+            model,
+            accum_dtype=accum_dtype,
+            policy_version=policy_version,
+            max_lag=max_lag,
+            is_clip=is_clip,
+        )
         self.loss_agg: LossAgg = loss_agg
 
     def submit(self, traj: Trajectory) -> None:

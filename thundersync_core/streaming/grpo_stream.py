@@ -52,11 +52,18 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         max_open_groups: int = 4,
         accum_dtype: torch.dtype | None = None,
         policy_version: int = 0,
+        max_lag: int = 0,
+        is_clip: float | None = None,
     ) -> None:
         if max_open_groups < 1:
             raise ValueError(f"max_open_groups must be >= 1, got {max_open_groups}")
         super().__init__(
-            model, loss_agg=loss_agg, accum_dtype=accum_dtype, policy_version=policy_version
+            model,
+            loss_agg=loss_agg,
+            accum_dtype=accum_dtype,
+            policy_version=policy_version,
+            max_lag=max_lag,
+            is_clip=is_clip,
         )
         self.max_open_groups = max_open_groups
 
@@ -117,7 +124,15 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         scored_1T = torch.tensor([[False, *traj.response_scored]], device=self.device)
         cache = prefix.cache() if prefix is not None else None
         logprobs_N, _ = scored_logprobs(self.model, ids_1T, scored_1T, past_key_values=cache)
-        score = logprobs_N.sum()
+        weights_N = self._importance_weights(
+            f"trajectory {traj.trajectory_id!r}", logprobs_N, traj.behaviour_logprobs
+        )
+        score = logprobs_N.sum() if weights_N is None else (weights_N * logprobs_N).sum()
+        if not torch.isfinite(score):
+            raise LearnerRefusal(
+                f"trajectory {traj.trajectory_id!r}: its log-prob score is {float(score)} "
+                "(non-finite loss)"
+            )
         inputs = self.params + (prefix.proxies if prefix is not None else [])
         grads = torch.autograd.grad(score, inputs, allow_unused=True)
         self._stats["trajectory_backwards"] += 1

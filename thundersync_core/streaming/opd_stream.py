@@ -84,8 +84,16 @@ class StreamingOPDLearner(LearnerBase):
         *,
         accum_dtype: torch.dtype | None = None,
         policy_version: int = 0,
+        max_lag: int = 0,
+        is_clip: float | None = None,
     ) -> None:
-        super().__init__(model, accum_dtype=accum_dtype, policy_version=policy_version)
+        super().__init__(
+            model,
+            accum_dtype=accum_dtype,
+            policy_version=policy_version,
+            max_lag=max_lag,
+            is_clip=is_clip,
+        )
         #: (trajectory_id, positions recomputed) for every trajectory replay, in order.
         self.replay_log: list[tuple[str, int]] = []
 
@@ -139,14 +147,12 @@ class StreamingOPDLearner(LearnerBase):
             raise LearnerRefusal(
                 f"trajectory {tid!r}: turn {turn.index} arrived, expected turn {state.next_turn}"
             )
-        if (
-            tokens[: len(state.tokens)] != state.tokens
-            or turn.policy_version != self.policy_version
-        ):
+        if tokens[: len(state.tokens)] != state.tokens:
             raise LearnerRefusal(
                 f"trajectory {tid!r} turn {turn.index}: does not extend the trajectory's earlier "
-                "turns (different prompt, tokens or policy version)"
+                "turns (different prompt or tokens)"
             )
+        self._check_version(f"{tid} turn {turn.index}", turn.policy_version)
         return state
 
     def _group_prompt(self, group_id: str) -> _GroupPrompt:
@@ -187,7 +193,17 @@ class StreamingOPDLearner(LearnerBase):
         self._stats["turn_forwards"] += 1
         if logprobs_N.numel():
             teacher_N = torch.tensor(turn.teacher_logprobs, dtype=logprobs_N.dtype)
-            loss = turn_loss(logprobs_N, teacher_N.to(self.device))
+            weights_N = self._importance_weights(
+                f"trajectory {turn.trajectory_id!r} turn {turn.index}",
+                logprobs_N,
+                turn.behaviour_logprobs,
+            )
+            loss = turn_loss(logprobs_N, teacher_N.to(self.device), weights_N)
+            if not torch.isfinite(loss):
+                raise LearnerRefusal(
+                    f"trajectory {turn.trajectory_id!r} turn {turn.index}: its loss is "
+                    f"{float(loss)} (not finite)"
+                )
             grads = torch.autograd.grad(loss, self.params + leaves, allow_unused=True)
             self._add_grads(grads[: len(self.params)])
             self._spread_context_adjoint(state, leaves, grads[len(self.params) :])

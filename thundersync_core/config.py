@@ -1,0 +1,158 @@
+"""The training-stage configuration: one YAML file = one experiment.
+
+Pydantic models only; this module imports neither torch nor Ray nor vLLM, so orchestration
+and CPU CI can load and validate a config cheaply. Layering: model defaults < the YAML file
+< command-line overrides (``thundersync train --schedule ... --steps ...``); the resolved
+config is written next to the run's metrics.
+
+Roles and resources: each role (rollout, learner, teacher) is a Ray actor with explicit
+resources. ``cores`` pins a role to fixed CPU cores (the embedded default: rollout on core
+0, learner on core 1); on a cluster ``num_gpus`` places roles on GPUs and ``cores`` is left
+empty. Device-hours count every device allocated to the run for its whole wall time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Schedule = Literal["sync", "thundersync", "async", "pipeline"]
+Objective = Literal["grpo", "opd"]
+SCHEDULES: tuple[Schedule, ...] = ("sync", "thundersync", "async", "pipeline")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RoleResources(_Strict):
+    num_cpus: float = Field(default=1.0, ge=0)
+    num_gpus: float = Field(default=0.0, ge=0)
+    #: CPU cores the role is pinned to (empty: not pinned).
+    cores: tuple[int, ...] = ()
+
+
+class ResourcesConfig(_Strict):
+    rollout: RoleResources = RoleResources(cores=(0,))
+    learner: RoleResources = RoleResources(cores=(1,))
+    #: The OPD teacher is light next to generation; it shares the rollout core by default.
+    teacher: RoleResources = RoleResources(num_cpus=0.0, cores=(0,))
+    #: Devices counted for device-hours (0: the union of pinned cores, else num_cpus sums).
+    devices: int = Field(default=0, ge=0)
+    #: Learner peak FLOP/s for MFU (0: measured once at start with a float32 GEMM).
+    learner_peak_flops: float = Field(default=0.0, ge=0)
+
+
+class PolicyConfig(_Strict):
+    #: A Hugging Face policy folder to start from; empty: a preset, warm-started.
+    path: Path | None = None
+    preset: str = "tiny"
+    #: A teacher folder for OPD; empty: warm-started from the preset (more steps).
+    teacher_path: Path | None = None
+
+
+class WarmStartConfig(_Strict):
+    enabled: bool = True
+    steps: int = Field(default=300, ge=1)
+    lr: float = Field(default=1e-3, gt=0)
+    teacher_steps: int = Field(default=600, ge=1)
+
+
+class TasksConfig(_Strict):
+    #: The output folder of ``thundersync prep`` (terminal/{train,dev}.parquet).
+    prep_dir: Path = Path("runs/prep")
+    #: Task families to train on (empty: all); toyterm ids are ``toyterm-<family>-NNNN``.
+    families: tuple[str, ...] = ()
+    #: Dev tasks evaluated before and after training (0: skip), and samples per task.
+    dev_tasks: int = Field(default=16, ge=0)
+    dev_samples: int = Field(default=2, ge=1)
+
+
+class RolloutConfig(_Strict):
+    engine: Literal["auto", "vllm", "hf"] = "auto"
+    backend: Literal["local", "docker"] = "local"
+    max_turns: int = Field(default=3, ge=1)
+    max_tokens_per_turn: int = Field(default=96, ge=1)
+    max_total_tokens: int = Field(default=192, ge=1)
+    max_model_len: int = Field(default=2048, ge=64)
+    observation_tokens: int = Field(default=128, ge=16)
+    command_timeout_s: float = Field(default=10.0, gt=0)
+    temperature: float = Field(default=1.0, gt=0)
+
+
+class TrainConfig(_Strict):
+    name: str = "embedded"
+    seed: int = 0
+    objective: Objective = "grpo"
+    schedule: Schedule = "thundersync"
+    steps: int = Field(default=4, ge=1)
+    groups_per_step: int = Field(default=4, ge=1)
+    group_size: int = Field(default=4, ge=1)
+    lr: float = Field(default=1e-4, gt=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    loss_agg: Literal["seq-sum", "token-mean"] = "token-mean"
+    #: Admission cap k: groups with live sufficient statistics (thundersync GRPO).
+    max_open_groups: int = Field(default=4, ge=1)
+    #: Pipeline: a batch's rollouts start only once the engine is at most this many
+    #: versions behind the version that will train on them.
+    max_staleness: int = Field(default=1, ge=0)
+    #: Truncation of importance weights for the off-policy schedules.
+    is_clip: float = Field(default=2.0, gt=0)
+    checkpoint_every: int = Field(default=2, ge=1)
+    policy: PolicyConfig = PolicyConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
+    tasks: TasksConfig = TasksConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+
+    @model_validator(mode="after")
+    def _lengths_fit(self) -> TrainConfig:
+        if self.rollout.max_tokens_per_turn > self.rollout.max_total_tokens:
+            raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_total_tokens")
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        return self.groups_per_step * self.group_size
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults < YAML file < overrides (dotted keys, e.g. ``{"rollout.engine": "hf"}``)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"--config {path}: no such file")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"--config {path}: the top level must be a mapping")
+        data = loaded
+        _resolve_paths(data, path.parent)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        source = f"--config {path}" if path is not None else "config"
+        raise ValueError(f"{source}: field {where}: {first['msg']}") from None
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Relative paths in a config file are relative to the file's folder."""
+    for section, key in [("tasks", "prep_dir"), ("policy", "path"), ("policy", "teacher_path")]:
+        value = (data.get(section) or {}).get(key)
+        if isinstance(value, str) and not Path(value).is_absolute():
+            data[section][key] = str((base / value).resolve())
+
+
+def dump_config(config: TrainConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,237 @@
+"""The learner role: one policy, one optimizer, the schedule's learner, one step per batch.
+
+Calls run in submission order (the actor's mailbox is the work-conserving queue). Each call
+records its busy interval; ``step`` runs the barrier, refuses a non-finite loss or gradient
+(naming the step and, where the learner can, the source), clips, steps the optimizer once,
+and writes the new weights for publication. Nothing is written before the step succeeds,
+so a refused step leaves every checkpoint as it was.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from thundersync_core.batch import Trajectory, Turn
+from thundersync_core.checkpoint import load_checkpoint, save_checkpoint
+from thundersync_core.config import TrainConfig
+from thundersync_core.metrics import FlopLedger, measure_peak_flops
+from thundersync_core.policy.io import load_model, load_tokenizer
+from thundersync_core.runtime.placement import pin_to_cores
+from thundersync_core.streaming import (
+    StreamingGRPOLearner,
+    StreamingOPDLearner,
+    SyncGRPOLearner,
+    SyncOPDLearner,
+)
+from thundersync_core.streaming.base import GroupSpec, LearnerBase, LearnerRefusal
+
+
+def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> LearnerBase:
+    """The learner each (objective, schedule) pair trains with."""
+    off_policy = config.schedule in ("async", "pipeline")
+    lag = 0 if not off_policy else (1 if config.schedule == "async" else config.max_staleness)
+    is_clip = config.is_clip if off_policy else None
+    if config.objective == "grpo":
+        if config.schedule == "sync":
+            return SyncGRPOLearner(model, loss_agg=config.loss_agg, policy_version=version)  # type: ignore[arg-type]
+        cap = config.max_open_groups if config.schedule == "thundersync" else config.groups_per_step
+        return StreamingGRPOLearner(
+            model,  # type: ignore[arg-type]
+            loss_agg=config.loss_agg,
+            max_open_groups=cap,
+            policy_version=version,
+            max_lag=lag,
+            is_clip=is_clip,
+        )
+    if config.schedule == "sync":
+        return SyncOPDLearner(model, policy_version=version)  # type: ignore[arg-type]
+    return StreamingOPDLearner(model, policy_version=version, max_lag=lag, is_clip=is_clip)  # type: ignore[arg-type]
+
+
+class LearnerWorker:
+    def __init__(
+        self,
+        model_dir: Path,
+        config: TrainConfig,
+        *,
+        publish_dir: Path,
+        resume_from: Path | None = None,
+    ) -> None:
+        pin_to_cores(config.resources.learner.cores)
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.model = load_model(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr)
+        version = 0
+        if resume_from is not None:
+            state = load_checkpoint(resume_from, model=self.model, optimizer=self.optimizer)
+            version = int(state["policy_version"])
+        self.learner = build_learner(config, self.model, version)
+        self.publish_dir = Path(publish_dir)
+        self.publish_dir.mkdir(parents=True, exist_ok=True)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self.ledger = FlopLedger(n_params)
+        self.peak_flops = config.resources.learner_peak_flops or measure_peak_flops()
+        self._reset_step()
+
+    def _reset_step(self) -> None:
+        self.intervals: list[tuple[float, float]] = []
+        self.releases: list[float] = []
+        self.services: list[dict[str, Any]] = []
+        self.token_versions: list[tuple[int, int]] = []
+        self._groups_seen: set[str] = set()
+        self._error: str | None = None
+        self.ledger.reset()
+
+    @property
+    def policy_version(self) -> int:
+        return self.learner.policy_version
+
+    def version(self) -> int:
+        return self.learner.policy_version
+
+    # -- the batch -------------------------------------------------------------------------
+    def begin(self, groups: dict[str, tuple[tuple[int, ...], int]]) -> int:
+        self._reset_step()
+        self.learner.begin_batch({g: GroupSpec(p, n) for g, (p, n) in groups.items()})
+        return self.learner.policy_version
+
+    def submit(self, traj: Trajectory, release_s: float | None = None) -> None:
+        """A whole trajectory (GRPO; OPD with teacher scores under sync and one-step-off)."""
+        t0 = time.time()
+        self._guarded(self.learner.submit, traj)  # type: ignore[attr-defined]
+        self._record(t0, traj.trajectory_id, release_s)
+        prompt = len(traj.prompt_ids) if traj.group_id not in self._groups_seen else 0
+        self._groups_seen.add(traj.group_id)
+        tokens = len(traj.response_ids) + (
+            len(traj.prompt_ids) if self.config.schedule == "sync" else prompt
+        )
+        self.ledger.add(forward=tokens, backward=tokens)
+        self._count_versions(traj)
+
+    def submit_turn(self, scored: tuple[Turn, float]) -> None:
+        """One teacher-scored OPD turn (thundersync and pipeline)."""
+        turn, release_s = scored
+        t0 = time.time()
+        self._guarded(self.learner.submit_turn, turn)  # type: ignore[attr-defined]
+        self._record(t0, f"{turn.trajectory_id}#{turn.index}", release_s)
+        action = turn.action
+        tokens = len(action.ids) if action is not None else 0
+        prompt = len(turn.prompt_ids) if turn.group_id not in self._groups_seen else 0
+        self._groups_seen.add(turn.group_id)
+        # The turn's chunk forward and backward, and (at close) its replay.
+        self.ledger.add(forward=2 * tokens + prompt, backward=2 * tokens + prompt)
+        if action is not None:
+            self.token_versions.append((turn.policy_version, sum(action.scored)))
+
+    def submit_scored(self, scored: tuple[Trajectory, float]) -> None:
+        """A whole trajectory with its teacher scores and the time they landed (OPD)."""
+        self.submit(*scored)
+
+    def _guarded(self, method: Any, source: Any) -> None:
+        """Sources are sent without waiting for a reply: keep the first refusal for ``step``."""
+        if self._error is not None:
+            return
+        try:
+            method(source)
+        except (LearnerRefusal, ValueError) as exc:
+            self._error = str(exc)
+            raise
+
+    def _record(self, t0: float, source: str, release_s: float | None) -> None:
+        t1 = time.time()
+        self.intervals.append((t0, t1))
+        if release_s is not None:
+            self.releases.append(release_s)
+            self.services.append({"id": source, "release_s": release_s, "service_s": t1 - t0})
+
+    def _count_versions(self, traj: Trajectory) -> None:
+        versions = (traj.metadata or {}).get("turn_versions") or [traj.policy_version]
+        actions = [s for s in traj.segments if s.kind == "action"]
+        for version, segment in zip(versions, actions, strict=False):
+            self.token_versions.append((int(version), sum(segment.scored)))
+
+    # -- the barrier and the step ----------------------------------------------------------
+    def step(self, step: int) -> dict[str, Any]:
+        t0 = time.time()
+        version = self.learner.policy_version
+        if self._error is not None:
+            raise LearnerRefusal(f"step {step}: {self._error}")
+        try:
+            result = self.learner.finish()
+        except LearnerRefusal as exc:
+            raise LearnerRefusal(f"step {step}: {exc}") from None
+        if not math.isfinite(result.objective):
+            raise LearnerRefusal(f"step {step}: the batch loss is {result.objective} (not finite)")
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        )
+        if not math.isfinite(grad_norm):
+            raise LearnerRefusal(f"step {step}: the gradient norm is {grad_norm} (not finite)")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.learner.policy_version += 1
+        learner_done_s = time.time()
+        self.intervals.append((t0, learner_done_s))
+        path = self._write_weights()
+        return {
+            "step": step,
+            "trained_version": version,
+            "policy_version": self.learner.policy_version,
+            "loss": result.objective if not self.learner.maximise else -result.objective,
+            "objective": result.objective,
+            "grad_norm": grad_norm,
+            "n_sources": result.n_sources,
+            "n_scored_tokens": result.n_scored_tokens,
+            "counters": result.counters,
+            "is_stats": dict(self.learner.is_stats),
+            "intervals": self.intervals,
+            "releases": self.releases,
+            "services": self.services,
+            "barrier_s": learner_done_s - t0,
+            "learner_done_s": learner_done_s,
+            "flops": self.ledger.flops,
+            "peak_flops": self.peak_flops,
+            "token_versions": self.token_versions,
+            "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "weights": str(path),
+        }
+
+    def _write_weights(self) -> Path:
+        version = self.learner.policy_version
+        tensors = {n: p.detach().contiguous() for n, p in self.model.named_parameters()}
+        path = self.publish_dir / f"policy-v{version:06d}.safetensors"
+        tmp = path.with_suffix(".partial")
+        save_file(tensors, str(tmp))
+        tmp.replace(path)
+        # Keep two versions: an in-flight update may still be reading the previous one.
+        for old in sorted(self.publish_dir.glob("policy-v*.safetensors"))[:-2]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def current_weights(self) -> str:
+        return str(self._write_weights())
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def save_checkpoint(self, root: str, step: int, extra: dict[str, Any]) -> str:
+        path = save_checkpoint(
+            Path(root),
+            step=step,
+            model=self.model,
+            optimizer=self.optimizer,
+            policy_version=self.learner.policy_version,
+            extra=extra,
+        )
+        self.tokenizer.save_pretrained(path / "model")  # type: ignore[attr-defined]
+        return str(path)
+
+    def parameters_digest(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}

@@ -1,0 +1,150 @@
+"""The rollout role: an inference engine, the bash agent, sandboxes and graders.
+
+``rollout`` is a generator: as a Ray actor method called with ``num_returns="streaming"``
+it hands each event to the caller the moment it happens: a ``TurnReady`` after every
+sampled action (OPD sends it to the teacher) and each graded ``Trajectory``. Every action
+records the policy version of the weights that sampled it.
+
+Weights arrive two ways. ``load_weights`` swaps them at once (between batches: sync,
+thundersync, one-step-off). ``publish`` queues them and the agent swaps them before its
+next generation round, mid-trajectory (pipeline's in-flight updates); the actor runs with
+two threads so ``publish`` lands while ``rollout`` is streaming.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from thundersync_core.batch import Trajectory
+from thundersync_core.config import RolloutConfig
+from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, TurnReady
+from thundersync_core.rollout.engine import SamplingConfig
+from thundersync_core.runtime.placement import pin_to_cores
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One trajectory to roll out: which task, its group, and the batch it trains in."""
+
+    task_id: str
+    group_id: str
+    trajectory_id: str
+    batch: int = 0
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        model_dir: Path,
+        task_roots: Mapping[str, Path],
+        config: RolloutConfig,
+        *,
+        cores: tuple[int, ...] = (),
+        seed: int = 0,
+        policy_version: int = 0,
+    ) -> None:
+        pin_to_cores(cores)
+        from thundersync_core.policy.io import load_tokenizer  # noqa: PLC0415
+        from thundersync_core.rollout.cli import make_engine  # noqa: PLC0415
+        from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox  # noqa: PLC0415
+        from thundersync_core.rollout.tasks import load_terminal_task  # noqa: PLC0415
+
+        self.tasks = {tid: load_terminal_task(Path(root)) for tid, root in task_roots.items()}
+        self.engine = make_engine(
+            config.engine, Path(model_dir), max_model_len=config.max_model_len
+        )
+        self.engine.policy_version = policy_version
+        tokenizer = load_tokenizer(model_dir)
+        agent_config = AgentConfig(
+            max_turns=config.max_turns,
+            max_tokens_per_turn=config.max_tokens_per_turn,
+            max_total_tokens=config.max_total_tokens,
+            max_context_tokens=config.max_model_len,
+            observation_tokens=config.observation_tokens,
+            command_timeout_s=config.command_timeout_s,
+        )
+        limits = SandboxLimits(timeout_s=config.command_timeout_s)
+        end_id = int(tokenizer.convert_tokens_to_ids(agent_config.end_of_turn))  # type: ignore[attr-defined]
+        self.agent = Agent(
+            self.engine,
+            tokenizer,  # type: ignore[arg-type]
+            lambda: open_sandbox(config.backend, limits=limits),
+            config=agent_config,
+            sampling=SamplingConfig(temperature=config.temperature, stop_token_ids=(end_id,)),
+            base_seed=seed,
+        )
+        self._pending: tuple[Path, int] | None = None
+        self._lock = threading.Lock()
+        self.weight_swaps: list[tuple[int, float, float]] = []
+
+    # -- weights ---------------------------------------------------------------------------
+    def load_weights(self, path: str, version: int) -> float:
+        """Swap weights now (no rollout in flight); returns when the engine has them."""
+        t0 = time.time()
+        self.engine.load_weights(Path(path), version)
+        self.weight_swaps.append((version, t0, time.time()))
+        return time.time()
+
+    def publish(self, path: str, version: int) -> None:
+        """Queue weights for the next generation round (in-flight update)."""
+        with self._lock:
+            self._pending = (Path(path), version)
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self.load_weights(str(pending[0]), pending[1])
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def version(self) -> int:
+        return self.engine.policy_version
+
+    # -- rollouts --------------------------------------------------------------------------
+    def prompt_ids(self, task_id: str) -> tuple[int, ...]:
+        return self.agent.prompt_ids(self.tasks[task_id].instruction)
+
+    def rollout(
+        self,
+        specs: list[RolloutSpec],
+        *,
+        max_live: int | None = None,
+        max_staleness: int | None = None,
+        emit_turns: bool = False,
+    ) -> Iterator[Trajectory | TurnReady]:
+        """Roll out ``specs``, yielding events as they happen.
+
+        With ``max_staleness`` set, a spec of batch b starts only once the engine's policy
+        version is at least b - max_staleness (the pipeline's staleness bound); pending
+        in-flight weights are applied before every round.
+        """
+        by_id = {s.trajectory_id: s for s in specs}
+        episodes = [EpisodeSpec(self.tasks[s.task_id], s.group_id, s.trajectory_id) for s in specs]
+
+        def admit(episode: EpisodeSpec) -> bool:
+            if max_staleness is None:
+                return True
+            return self.engine.policy_version >= by_id[episode.trajectory_id].batch - max_staleness
+
+        for event in self.agent.stream(
+            episodes, max_live=max_live, admit=admit, before_round=self._apply_pending
+        ):
+            if isinstance(event, TurnReady) and not emit_turns:
+                continue
+            yield event
+
+    def memory_bytes(self) -> int:
+        from thundersync_core.metrics import peak_rss_bytes  # noqa: PLC0415
+
+        return peak_rss_bytes()
+
+    def close(self) -> None:
+        self.agent.close()
+        self.engine.close()

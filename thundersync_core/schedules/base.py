@@ -1,0 +1,118 @@
+"""What every schedule driver shares: the run context, event streams, sources, outcomes.
+
+A driver decides only *when* things happen: when a batch's rollouts start, when a source is
+handed to the learner, when weights are published. The roles (runtime/) do the work; the
+training loop (train.py) turns each ``StepOutcome`` into a metrics record and checkpoints.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from thundersync_core.batch import Trajectory
+from thundersync_core.config import TrainConfig
+from thundersync_core.metrics import StepTimeline, rollout_intervals
+from thundersync_core.rollout.agent import TurnReady
+from thundersync_core.runtime.rollout_worker import RolloutSpec
+
+
+@dataclass
+class Roles:
+    rollout: Any  # RolloutWorker actor handle
+    learner: Any  # LearnerWorker actor handle
+    teacher: Any | None = None  # TeacherWorker actor handle (OPD)
+
+
+@dataclass
+class StepOutcome:
+    step: int
+    timeline: StepTimeline
+    learner: dict[str, Any]
+    trajectories: list[Trajectory] = field(default_factory=list)
+
+
+@dataclass
+class RunContext:
+    config: TrainConfig
+    roles: Roles
+    #: The rollout specs of a step (the data cursor is the step number).
+    plan: Callable[[int], list[RolloutSpec]]
+    #: group id -> (prompt ids, size) for a step's specs.
+    groups: Callable[[Sequence[RolloutSpec]], dict[str, tuple[tuple[int, ...], int]]]
+    #: Called once per finished step, in step order; returns False to stop the run.
+    on_step: Callable[[StepOutcome], bool]
+
+    @property
+    def opd(self) -> bool:
+        return self.config.objective == "opd"
+
+
+def events(
+    ctx: RunContext, specs: list[RolloutSpec], **options: Any
+) -> Iterator[Trajectory | TurnReady]:
+    """The rollout worker's events for ``specs``, in the order they happen."""
+    import ray  # noqa: PLC0415
+
+    stream = ctx.roles.rollout.rollout.options(num_returns="streaming").remote(specs, **options)
+    for ref in stream:
+        yield ray.get(ref)
+
+
+def reward_time(traj: Trajectory) -> float:
+    """When the trajectory's reward landed (its release as a GRPO source)."""
+    for event in reversed((traj.metadata or {}).get("events") or []):
+        if event["event"] == "reward":
+            return float(event["time"])
+    return time.time()
+
+
+def submit_whole(ctx: RunContext, traj: Trajectory) -> None:
+    """Hand a finished trajectory to the learner (OPD: scored whole by the teacher first)."""
+    if ctx.opd:
+        assert ctx.roles.teacher is not None, "OPD runs have a teacher role"
+        scored = ctx.roles.teacher.score_trajectory.remote(traj)
+        ctx.roles.learner.submit_scored.remote(scored)
+    else:
+        ctx.roles.learner.submit.remote(traj, reward_time(traj))
+
+
+def submit_turn(ctx: RunContext, ready: TurnReady) -> Any:
+    """Score an OPD turn on the teacher; the learner takes it once the scores land."""
+    assert ctx.roles.teacher is not None, "OPD runs have a teacher role"
+    return ctx.roles.teacher.score_turn.remote(ready.turn)
+
+
+def publish_now(ctx: RunContext, learner_metrics: dict[str, Any]) -> tuple[float, float]:
+    """Load the new weights into the engine; (start, acknowledged) times."""
+    import ray  # noqa: PLC0415
+
+    t0 = time.time()
+    ack = ray.get(
+        ctx.roles.rollout.load_weights.remote(
+            learner_metrics["weights"], learner_metrics["policy_version"]
+        )
+    )
+    return t0, float(ack)
+
+
+def timeline(
+    step: int,
+    *,
+    start_s: float,
+    end_s: float,
+    learner: dict[str, Any],
+    trajectories: Sequence[Trajectory],
+    publication: tuple[float, float],
+) -> StepTimeline:
+    line = StepTimeline(step=step, start_s=start_s, end_s=end_s, publication=publication)
+    line.learner_done_s = float(learner["learner_done_s"])
+    line.learner = [(float(a), float(b)) for a, b in learner["intervals"]]
+    line.releases_s = [max(float(r), start_s) for r in learner["releases"]]
+    for traj in trajectories:
+        gen, verify = rollout_intervals((traj.metadata or {}).get("events") or [])
+        line.rollout.extend(gen)
+        line.verify.extend(verify)
+    return line

@@ -1,0 +1,83 @@
+"""Pipeline: rollouts never stop; weights are swapped in flight, between generation rounds.
+
+All batches stream through one rollout: a batch-b trajectory starts only once the engine's
+policy version is at least b - max_staleness (rollouts are held back when the learner falls
+behind). Every action records the version that sampled it, so a trajectory may span
+versions; the learner admits a lag up to max_staleness and applies truncated importance
+weights per token. When batch b's last source is in, the learner steps and the new weights
+are queued for the engine's next round (no wait for the rollouts in flight).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import ray
+
+from thundersync_core.batch import Trajectory
+from thundersync_core.rollout.agent import TurnReady
+from thundersync_core.runtime.rollout_worker import RolloutSpec
+from thundersync_core.schedules.base import (
+    RunContext,
+    StepOutcome,
+    events,
+    reward_time,
+    submit_turn,
+    timeline,
+)
+
+
+def run(ctx: RunContext, start: int, end: int) -> None:
+    plans = {step: ctx.plan(step) for step in range(start, end)}
+    batch_of = {s.trajectory_id: step for step, specs in plans.items() for s in specs}
+    specs: list[RolloutSpec] = [s for step in range(start, end) for s in plans[step]]
+    waiting: dict[int, list[tuple[str, Any]]] = defaultdict(list)
+    finished: dict[int, list[Trajectory]] = defaultdict(list)
+    current, t0 = start, time.time()
+    ctx.roles.learner.begin.remote(ctx.groups(plans[current]))
+    stream = events(
+        ctx,
+        specs,
+        max_live=ctx.config.batch_size,
+        max_staleness=ctx.config.max_staleness,
+        emit_turns=ctx.opd,
+    )
+    for event in stream:
+        if isinstance(event, TurnReady):
+            waiting[batch_of[event.turn.trajectory_id]].append(("turn", submit_turn(ctx, event)))
+            continue
+        assert isinstance(event, Trajectory)
+        step = batch_of[event.trajectory_id]
+        finished[step].append(event)
+        if not ctx.opd:
+            waiting[step].append(("trajectory", event))
+        while current < end and len(finished[current]) == len(plans[current]):
+            _hand_over(ctx, waiting.pop(current, []))
+            learner = ray.get(ctx.roles.learner.step.remote(current))
+            sent = time.time()
+            ctx.roles.rollout.publish.remote(learner["weights"], learner["policy_version"])
+            line = timeline(
+                current,
+                start_s=t0,
+                end_s=sent,
+                learner=learner,
+                trajectories=finished[current],
+                publication=(sent, sent),
+            )
+            if not ctx.on_step(StepOutcome(current, line, learner, finished.pop(current))):
+                return
+            current, t0 = current + 1, sent
+            if current < end:
+                ctx.roles.learner.begin.remote(ctx.groups(plans[current]))
+        if current < end:
+            _hand_over(ctx, waiting.pop(current, []))
+
+
+def _hand_over(ctx: RunContext, sources: list[tuple[str, Any]]) -> None:
+    for kind, source in sources:
+        if kind == "turn":
+            ctx.roles.learner.submit_turn.remote(source)
+        else:
+            ctx.roles.learner.submit.remote(source, reward_time(source))

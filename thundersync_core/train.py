@@ -1,0 +1,435 @@
+"""The training stage: set up the roles, run a schedule's driver, record every step.
+
+A run folder holds::
+
+    config.yaml            the resolved config
+    metrics.jsonl          one record per step (see ``step_record``)
+    batches/step-N.jsonl   the trajectories each step trained on
+    traces/step-N.json     the release trace (for ``thundersync perfmodel trace``)
+    checkpoints/step-N/    every ``checkpoint_every`` steps (HF weights, optimizer, RNG)
+    summary.json           dev pass rate before and after, status, totals
+
+Resume (``resume=True``) starts from the latest complete checkpoint: the learner restores
+weights, optimizer and RNG, the engine loads the checkpoint's weights, and the data cursor
+is the step number, so sync and thundersync runs continue exactly as if never stopped.
+A refused step (non-finite loss or reward, a source from the wrong version) stops the run
+with the step and source named; nothing of that step is written.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from thundersync_core.batch import Trajectory, trajectory_to_json
+from thundersync_core.checkpoint import due, latest_checkpoint
+from thundersync_core.config import TrainConfig, dump_config
+from thundersync_core.metrics import staleness_tokens
+from thundersync_core.runtime.rollout_worker import RolloutSpec
+from thundersync_core.schedules.base import StepOutcome
+
+
+class TrainingError(RuntimeError):
+    """The run stopped: the message names the step and the cause."""
+
+
+# -- data ----------------------------------------------------------------------------------
+def load_pool(prep_dir: Path, split: str, families: Sequence[str] = ()) -> dict[str, Path]:
+    """task id -> task folder for one split of the prepared terminal pool."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    path = Path(prep_dir) / "terminal" / f"{split}.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"tasks.prep_dir: {path} is missing (run `thundersync prep` or `make prep` first)"
+        )
+    rows = pq.read_table(path, columns=["task_id", "family", "path"]).to_pylist()
+    # Task folders are stored relative to the prep folder.
+    pool = {
+        r["task_id"]: (Path(prep_dir) / r["path"]).resolve()
+        for r in rows
+        if not families or r["family"] in families
+    }
+    if not pool and split == "train":
+        raise ValueError(f"tasks.families: no {split} task in {path} is of families {families}")
+    return dict(sorted(pool.items()))
+
+
+def plan_step(config: TrainConfig, task_ids: Sequence[str], step: int) -> list[RolloutSpec]:
+    """The step's groups: a seeded pass over the pool per epoch; the cursor is the step."""
+    per_epoch = max(len(task_ids) // config.groups_per_step, 1)
+    epoch, slot = divmod(step, per_epoch)
+    order = random.Random(config.seed * 100_003 + epoch).sample(list(task_ids), len(task_ids))
+    chosen = [
+        order[(slot * config.groups_per_step + g) % len(order)]
+        for g in range(config.groups_per_step)
+    ]
+    return [
+        RolloutSpec(task, f"s{step:05d}-g{g}-{task}", f"s{step:05d}-g{g}-{task}/{i}", batch=step)
+        for g, task in enumerate(chosen)
+        for i in range(config.group_size)
+    ]
+
+
+# -- policies ------------------------------------------------------------------------------
+def prepare_policies(
+    config: TrainConfig, out: Path, train_roots: Sequence[Path]
+) -> tuple[Path, Path | None]:
+    """(policy folder, teacher folder or None): given, or warm-started once per run folder."""
+    policy = config.policy.path or _warm(
+        config, out / "warmstart" / "policy", train_roots, config.warm_start.steps
+    )
+    if config.objective != "opd":
+        return Path(policy), None
+    teacher = config.policy.teacher_path or _warm(
+        config, out / "warmstart" / "teacher", train_roots, config.warm_start.teacher_steps
+    )
+    return Path(policy), Path(teacher)
+
+
+def _warm(config: TrainConfig, target: Path, roots: Sequence[Path], steps: int) -> Path:
+    if (target / "config.json").is_file():
+        return target
+    if not config.warm_start.enabled:
+        from thundersync_core.policy import build_model, build_tokenizer, save_policy  # noqa: PLC0415
+
+        model = build_model(config.policy.preset, seed=config.seed)
+        save_policy(model, build_tokenizer(vocab_size=model.config.vocab_size), target)
+        return target
+    from thundersync_core.warmstart import warm_start  # noqa: PLC0415
+
+    summary = warm_start(
+        list(roots),
+        target,
+        preset=config.policy.preset,
+        steps=steps,
+        lr=config.warm_start.lr,
+        seed=config.seed,
+    )
+    print(f"[warm start] {json.dumps(summary)}", flush=True)
+    return target
+
+
+# -- the run -------------------------------------------------------------------------------
+@dataclass
+class _Recorder:
+    """Turns step outcomes into records, files and checkpoints."""
+
+    config: TrainConfig
+    out: Path
+    devices: int
+    learner: Any
+    rollout: Any
+    wall_offset_s: float
+    started_s: float
+    on_step: Callable[[dict[str, Any]], None] | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    peak_rollout_bytes: int = 0
+
+    def __call__(self, outcome: StepOutcome) -> bool:
+        import ray  # noqa: PLC0415
+
+        self.peak_rollout_bytes = max(
+            self.peak_rollout_bytes, ray.get(self.rollout.memory_bytes.remote())
+        )
+        record = step_record(self.config, outcome, self.devices, self.peak_rollout_bytes)
+        wall_s = self.wall_offset_s + (time.time() - self.started_s)
+        record |= {"wall_s": wall_s, "device_hours": self.devices * wall_s / 3600.0}
+        self._write(outcome, record)
+        step = outcome.step + 1
+        if due(step, self.config.checkpoint_every) or step == self.config.steps:
+            extra = {
+                "device_hours": record["device_hours"],
+                "wall_s": wall_s,
+                "run": self.config.name,
+                "schedule": self.config.schedule,
+                "objective": self.config.objective,
+            }
+            ray.get(self.learner.save_checkpoint.remote(str(self.out / "checkpoints"), step, extra))
+        self.records.append(record)
+        if self.on_step is not None:
+            self.on_step(record)
+        print(_progress(record), flush=True)
+        return True
+
+    def _write(self, outcome: StepOutcome, record: dict[str, Any]) -> None:
+        name = f"step-{outcome.step:06d}"
+        (self.out / "batches").mkdir(exist_ok=True)
+        (self.out / "batches" / f"{name}.jsonl").write_text(
+            "".join(trajectory_to_json(t) + "\n" for t in outcome.trajectories)
+        )
+        (self.out / "traces").mkdir(exist_ok=True)
+        (self.out / "traces" / f"{name}.json").write_text(json.dumps(release_trace(outcome)) + "\n")
+        with (self.out / "metrics.jsonl").open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def step_record(
+    config: TrainConfig, outcome: StepOutcome, devices: int, rollout_bytes: int
+) -> dict[str, Any]:
+    """The metrics record of one step (what orchestration logs, keyed by step)."""
+    learner = outcome.learner
+    summary = outcome.timeline.summary()
+    rewards = [t.reward for t in outcome.trajectories]
+    generated = sum(
+        len(s.ids) for t in outcome.trajectories for s in t.segments if s.kind == "action"
+    )
+    wall = summary["step_wall_s"]
+    version = int(learner["trained_version"])
+    return {
+        "step": outcome.step,
+        "schedule": config.schedule,
+        "objective": config.objective,
+        **summary,
+        "mfu": learner["flops"] / (wall * learner["peak_flops"]) if wall > 0 else 0.0,
+        "learner_flops": learner["flops"],
+        "tokens_per_s": generated / wall if wall > 0 else 0.0,
+        "generated_tokens": generated,
+        "scored_tokens": learner["n_scored_tokens"],
+        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
+        "loss": learner["loss"],
+        "grad_norm": learner["grad_norm"],
+        "policy_version": learner["policy_version"],
+        "staleness_tokens": staleness_tokens(learner["token_versions"], version),
+        "is_weight_mean": (
+            learner["is_stats"]["weight_sum"] / learner["is_stats"]["tokens"]
+            if learner["is_stats"]["tokens"]
+            else None
+        ),
+        "peak_memory_learner_bytes": learner["peak_memory_bytes"],
+        "peak_memory_rollout_bytes": rollout_bytes,
+        "devices": devices,
+    }
+
+
+def release_trace(outcome: StepOutcome) -> dict[str, Any]:
+    start = outcome.timeline.start_s
+    learner = outcome.learner
+    services = [
+        {"id": s["id"], "release_s": max(s["release_s"] - start, 0.0), "service_s": s["service_s"]}
+        for s in learner["services"]
+    ]
+    publication = outcome.timeline.publication
+    return {
+        "step": outcome.step,
+        "suffix_s": learner["barrier_s"] + (publication[1] - publication[0]),
+        "rollout_start_s": 0.0,
+        "ranks": [{"sources": services}],
+        "measured_step_s": outcome.timeline.end_s - start,
+    }
+
+
+def _progress(record: dict[str, Any]) -> str:
+    return (
+        f"[step {record['step']}] {record['schedule']}/{record['objective']} "
+        f"wall {record['step_wall_s']:.2f}s, learner idle {record['learner_idle_fraction']:.0%}, "
+        f"tail {record['learner_tail_s']:.2f}s, reward {record['reward_mean']:.3f}, "
+        f"pass {record['pass_rate']:.0%}, loss {record['loss']:+.4f}, |g| {record['grad_norm']:.3f}"
+    )
+
+
+def evaluate_pass_rate(rollout: Any, task_ids: Sequence[str], samples: int) -> dict[str, Any]:
+    """Pass rate of the engine's current policy on ``task_ids`` (``samples`` each).
+
+    The trajectory ids, hence the sampling seeds, are the same at every evaluation, so two
+    evaluations of a run differ only by the policy (common random numbers).
+    """
+    import ray  # noqa: PLC0415
+
+    specs = [RolloutSpec(t, f"dev-{t}", f"dev-{t}/{i}") for t in task_ids for i in range(samples)]
+    stream = rollout.rollout.options(num_returns="streaming").remote(specs)
+    trajectories = [t for t in (ray.get(ref) for ref in stream) if isinstance(t, Trajectory)]
+    solved = [t.reward >= 1.0 for t in trajectories]
+    return {
+        "pass_rate": sum(solved) / len(solved) if solved else 0.0,
+        "reward_mean": sum(t.reward for t in trajectories) / max(len(trajectories), 1),
+        "tasks": len(task_ids),
+        "samples": samples,
+    }
+
+
+def train(
+    config: TrainConfig,
+    out: Path,
+    *,
+    resume: bool = False,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run the training stage into ``out``; returns the summary (also ``summary.json``)."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.runtime.placement import device_count, start_ray  # noqa: PLC0415
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = latest_checkpoint(out / "checkpoints") if resume else None
+    if not resume and (out / "metrics.jsonl").exists():
+        raise FileExistsError(f"--out {out}: holds a run already (use --resume, or a new folder)")
+    (out / "config.yaml").write_text(dump_config(config))
+    train_pool = load_pool(config.tasks.prep_dir, "train", config.tasks.families)
+    dev_pool = load_pool(config.tasks.prep_dir, "dev", config.tasks.families)
+    policy_dir, teacher_dir = prepare_policies(config, out, list(train_pool.values()))
+    start_ray(config.resources)
+    roles, start_step, state = _start_roles(
+        config,
+        out,
+        policy_dir=policy_dir,
+        teacher_dir=teacher_dir,
+        pool=train_pool | dev_pool,
+        checkpoint=checkpoint,
+    )
+    dev_ids = list(dev_pool)[: config.tasks.dev_tasks]
+    summary: dict[str, Any] = {
+        "run": config.name,
+        "schedule": config.schedule,
+        "objective": config.objective,
+    }
+    try:
+        if dev_ids and checkpoint is None:
+            summary["dev_before"] = evaluate_pass_rate(
+                roles.rollout, dev_ids, config.tasks.dev_samples
+            )
+            print(f"[dev before] {json.dumps(summary['dev_before'])}", flush=True)
+        recorder = _run_schedule(
+            config,
+            out,
+            roles=roles,
+            train_pool=train_pool,
+            start_step=start_step,
+            state=state,
+            on_step=on_step,
+        )
+        if dev_ids:
+            summary["dev_after"] = evaluate_pass_rate(
+                roles.rollout, dev_ids, config.tasks.dev_samples
+            )
+            print(f"[dev after] {json.dumps(summary['dev_after'])}", flush=True)
+        summary |= {"status": "finished", "steps": start_step + len(recorder.records)}
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        summary |= {"status": "failed", "error": str(cause).strip().splitlines()[-1]}
+        raise TrainingError(summary["error"]) from None
+    finally:
+        summary["devices"] = device_count(config.resources)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        for actor in (roles.rollout, roles.learner, roles.teacher):
+            if actor is not None:
+                ray.kill(actor)
+    return summary
+
+
+def _start_roles(
+    config: TrainConfig,
+    out: Path,
+    *,
+    policy_dir: Path,
+    teacher_dir: Path | None,
+    pool: dict[str, Path],
+    checkpoint: Path | None,
+) -> tuple[Any, int, dict[str, Any]]:
+    from thundersync_core.runtime.learner_worker import LearnerWorker  # noqa: PLC0415
+    from thundersync_core.runtime.placement import remote_role  # noqa: PLC0415
+    from thundersync_core.runtime.rollout_worker import RolloutWorker  # noqa: PLC0415
+    from thundersync_core.runtime.teacher_worker import TeacherWorker  # noqa: PLC0415
+    from thundersync_core.schedules.base import Roles  # noqa: PLC0415
+
+    res = config.resources
+    state: dict[str, Any] = {"step": 0, "policy_version": 0, "extra": {}}
+    if checkpoint is not None:
+        state = json.loads((checkpoint / "state.json").read_text())
+        print(f"[resume] from {checkpoint} (step {state['step']})", flush=True)
+    engine_dir = checkpoint / "model" if checkpoint is not None else policy_dir
+    publish_dir = (
+        Path("/dev/shm" if Path("/dev/shm").is_dir() else out)
+        / f"thundersync-{out.resolve().name}-{time.time_ns()}"
+    )
+    learner = remote_role(LearnerWorker, res.learner).remote(
+        policy_dir, config, publish_dir=publish_dir, resume_from=checkpoint
+    )
+    rollout = remote_role(RolloutWorker, res.rollout, max_concurrency=2).remote(
+        engine_dir,
+        pool,
+        config.rollout,
+        cores=res.rollout.cores,
+        seed=config.seed,
+        policy_version=int(state["policy_version"]),
+    )
+    teacher = None
+    if teacher_dir is not None:
+        teacher = remote_role(TeacherWorker, res.teacher).remote(
+            teacher_dir, cores=res.teacher.cores
+        )
+    import ray  # noqa: PLC0415
+
+    # Wait for every role to be up, so step 0 measures training and not start-up.
+    ray.get(
+        [a.version.remote() for a in (rollout, learner)]
+        + ([teacher.ready.remote()] if teacher else [])
+    )
+    return Roles(rollout, learner, teacher), int(state["step"]), state
+
+
+def _run_schedule(
+    config: TrainConfig,
+    out: Path,
+    *,
+    roles: Any,
+    train_pool: dict[str, Path],
+    start_step: int,
+    state: dict[str, Any],
+    on_step: Callable[[dict[str, Any]], None] | None,
+) -> _Recorder:
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.runtime.placement import device_count  # noqa: PLC0415
+    from thundersync_core.schedules import DRIVERS, RunContext  # noqa: PLC0415
+
+    task_ids = list(train_pool)
+    prompts: dict[str, tuple[int, ...]] = {}
+
+    def groups(specs: Sequence[RolloutSpec]) -> dict[str, tuple[tuple[int, ...], int]]:
+        out_groups: dict[str, tuple[tuple[int, ...], int]] = {}
+        for spec in specs:
+            if spec.task_id not in prompts:
+                prompts[spec.task_id] = ray.get(roles.rollout.prompt_ids.remote(spec.task_id))
+            prompt, size = out_groups.get(spec.group_id, (prompts[spec.task_id], 0))
+            out_groups[spec.group_id] = (prompt, size + 1)
+        return out_groups
+
+    if start_step == 0:
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    else:
+        _truncate_metrics(out / "metrics.jsonl", start_step)
+    recorder = _Recorder(
+        config=config,
+        out=out,
+        devices=device_count(config.resources),
+        learner=roles.learner,
+        rollout=roles.rollout,
+        wall_offset_s=float(state.get("extra", {}).get("wall_s", 0.0)),
+        started_s=time.time(),
+        on_step=on_step,
+    )
+    ctx = RunContext(
+        config, roles, lambda step: plan_step(config, task_ids, step), groups, recorder
+    )
+    DRIVERS[config.schedule](ctx, start_step, config.steps)
+    return recorder
+
+
+def _truncate_metrics(path: Path, start_step: int) -> None:
+    """On resume, drop records of steps after the checkpoint (they are trained again)."""
+    if not path.exists():
+        return
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line and json.loads(line)["step"] < start_step
+    ]
+    path.write_text("".join(line + "\n" for line in kept))

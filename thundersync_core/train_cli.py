@@ -1,0 +1,56 @@
+"""``thundersync train``: the training stage from a YAML config, with overrides."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from thundersync_core.config import SCHEDULES
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a policy with GRPO or OPD under one schedule (Ray roles, real rollouts)",
+        description="Train under one schedule; writes metrics, traces and checkpoints to --out.",
+    )
+    p.add_argument("--config", type=Path, help="experiment YAML (default: built-in defaults)")
+    p.add_argument("--out", required=True, type=Path, help="run folder")
+    p.add_argument("--schedule", choices=SCHEDULES, help="override the config's schedule")
+    p.add_argument("--objective", choices=["grpo", "opd"], help="override the objective")
+    p.add_argument("--steps", type=int, help="override the number of steps")
+    p.add_argument("--seed", type=int, help="override the seed")
+    p.add_argument("--engine", choices=["auto", "vllm", "hf"], help="override rollout.engine")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from thundersync_core.config import dump_config, load_config
+
+    overrides = {
+        key: value
+        for key, value in [
+            ("schedule", args.schedule),
+            ("objective", args.objective),
+            ("steps", args.steps),
+            ("seed", args.seed),
+            ("rollout.engine", args.engine),
+        ]
+        if value is not None
+    }
+    config = load_config(args.config, overrides)
+    if args.dry_run:
+        print(dump_config(config), end="")
+        return 0
+    from thundersync_core.train import TrainingError, train
+
+    try:
+        summary = train(config, args.out, resume=args.resume)
+    except TrainingError as exc:
+        print(f"thundersync train: stopped: {exc}")
+        return 1
+    print(json.dumps(summary))
+    return 0
