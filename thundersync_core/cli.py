@@ -83,9 +83,12 @@ STAGE_COMMANDS = {
     "sandbox": "thundersync_core.rollout.sandbox.cli",
     "prep": "data_prep.cli",
     "train": "thundersync_core.train_cli",
+    "bench": "thundersync_core.bench_cli",
     "eval": "eval.cli",
     "perfmodel": "thundersync_core.perfmodel.cli",
     "plan": "thundersync_core.perfmodel.plan_cli",
+    "experiment": "flows.cli",
+    "warm-start": "thundersync_core.warmstart.cli",
 }
 
 

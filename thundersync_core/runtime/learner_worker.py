@@ -217,8 +217,9 @@ class LearnerWorker:
             old.unlink(missing_ok=True)
         return path
 
-    def current_weights(self) -> str:
-        return str(self._write_weights())
+    def weights_and_version(self) -> tuple[str, int]:
+        """The current weights written for publication, and their version."""
+        return str(self._write_weights()), self.learner.policy_version
 
     # -- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, root: str, step: int, extra: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ def run(ctx: RunContext, start: int, end: int) -> None:
     for step in range(start, end):
         t0 = time.time()
         ctx.roles.learner.begin.remote(ctx.groups(ctx.plan(step)))
-        for traj in batch:
+        for traj in sorted(batch, key=lambda t: t.trajectory_id):
             submit_whole(ctx, traj)
         stepping = ctx.roles.learner.step.remote(step)
         # The next batch rolls out on the current weights while the learner works.

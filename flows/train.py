@@ -1,0 +1,130 @@
+"""``train_flow``: one training run (one schedule, one seed), followed step by step.
+
+Resolve the config (validated, written with absolute paths as the run's config.yaml),
+open the MLflow run, launch (Ray job, thread or process: tasks/jobs.py), then tail
+``metrics.jsonl`` and log each new step as it lands, and finish with the run's files, its
+status and a Prefect summary. A failed run fails the flow with the trainer's own message.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from flows.params import TrainParams
+from tasks import tracking
+from tasks.jobs import TrainingJob
+from tasks.report import publish_report
+from tasks.train import (
+    finish_training,
+    launch_training,
+    log_steps,
+    open_train_run,
+    read_new_records,
+    resolve_train_config,
+    run_totals,
+)
+
+__all__ = ["TrainingFailed", "config_name", "train_flow"]
+
+
+class TrainingFailed(RuntimeError):
+    """The training stage stopped; the message is the trainer's own cause."""
+
+
+def config_name(train_config: str | None, overrides: dict[str, Any]) -> str:
+    """The ``name`` of a config (the default study name), validating the config on the way."""
+    from thundersync_core.config import load_config  # noqa: PLC0415
+
+    return load_config(Path(train_config) if train_config else None, overrides).name
+
+
+def follow(job: TrainingJob, tracking_uri: str, run_id: str, poll_s: float) -> None:
+    """Log every step of ``job`` as its line lands in metrics.jsonl, until the job ends."""
+    metrics = Path(job.run_dir) / "metrics.jsonl"
+    offset = 0
+    while True:
+        # Status first: a job seen finished has written its last line already.
+        finished = job.poll() != "running"
+        records, offset = read_new_records(metrics, offset)
+        if records:
+            log_steps(tracking_uri, run_id, records)
+        if finished:
+            return
+        time.sleep(poll_s)
+
+
+def _report(params: TrainParams, run: dict[str, Any], totals: dict[str, Any], ui_url: str) -> str:
+    url = tracking.run_url(ui_url, run["experiment_id"], run["run_id"])
+    lines = [
+        f"# Training run `{params.run_name}`",
+        "",
+        f"MLflow run: [{params.run_name}]({url}) (tracking URI `{run['tracking_uri']}`)",
+        f"Run folder: `{run['run_dir']}`",
+        "",
+        "| field | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {key} | {value} |" for key, value in (totals | run["summary"]).items()]
+    return "\n".join(lines) + "\n"
+
+
+@flow(name="train", log_prints=True)
+def train_flow(
+    params: TrainParams = TrainParams(),  # noqa: B008 - a frozen default form for the UI
+    parent_run_id: str | None = None,
+) -> dict[str, Any]:
+    """Train one schedule and seed; returns the run folder, MLflow ids and summary."""
+    out = Path(params.out).resolve()
+    run_dir = out / params.run_name
+    overrides = params.overrides | {
+        "schedule": params.schedule,
+        "seed": params.seed,
+        "name": params.run_name,
+    }
+    study = params.tracking.study or config_name(params.train_config, params.overrides)
+    settings = params.tracking.resolved(out, study)
+    uri = str(settings.tracking_uri)
+    config_path = run_dir / "config.yaml"
+    config = resolve_train_config(Path(params.train_config), overrides, config_path)
+    run = open_train_run(
+        uri,
+        study,
+        config,
+        run_dir,
+        parent_run_id=parent_run_id,
+        flow_run_id=str(flow_run.id or ""),
+    )
+    job = launch_training(
+        params.launcher,
+        config_path,
+        run_dir,
+        ray_address=params.ray_address,
+        submission_id=f"{flow_run.name or 'train'}-{params.run_name}",
+    )
+    follow(job, uri, run["run_id"], params.poll_s)
+    error = job.failure() if job.poll() == "failed" else None
+    summary = finish_training(uri, run["run_id"], run_dir, error=error)
+    if error is not None:
+        raise TrainingFailed(f"training run {params.run_name} ({run_dir}) failed: {error}")
+    result = run | {
+        "run_dir": str(run_dir),
+        "run_name": params.run_name,
+        "schedule": params.schedule,
+        "seed": params.seed,
+        "tracking_uri": uri,
+        "study": study,
+        "config": config,
+        "summary": summary,
+        "totals": run_totals(run_dir),
+    }
+    publish_report(
+        f"train-{params.run_name}",
+        _report(params, result, result["totals"], settings.ui_url),
+        description=f"training run {params.run_name}",
+    )
+    return result

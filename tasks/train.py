@@ -1,0 +1,173 @@
+"""Training-stage tasks: resolve the config, open the MLflow run, launch, log steps, finish.
+
+``launch_training`` is never retried (a second launch would train twice); the logging
+tasks are, and are idempotent (see tasks/tracking.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import tracking
+from tasks.common import IO_RETRY, task_logger
+from tasks.jobs import Launcher, TrainingJob, launch
+
+__all__ = [
+    "finish_training",
+    "launch_training",
+    "log_steps",
+    "open_train_run",
+    "read_new_records",
+    "resolve_train_config",
+    "run_totals",
+]
+
+
+@task(cache_policy=NO_CACHE)
+def resolve_train_config(
+    train_config: Path | None, overrides: dict[str, Any], out_path: Path
+) -> dict[str, Any]:
+    """Defaults < file < overrides, validated, written to ``out_path`` with absolute paths."""
+    from thundersync_core.config import TrainConfig, dump_config, load_config  # noqa: PLC0415
+
+    data = load_config(train_config, overrides).model_dump(mode="json")
+    # The run may start in another working directory (a subprocess, a Ray job).
+    data["tasks"]["prep_dir"] = str(Path(data["tasks"]["prep_dir"]).resolve())
+    for key in ("path", "teacher_path"):
+        if data["policy"][key]:
+            data["policy"][key] = str(Path(data["policy"][key]).resolve())
+    config = TrainConfig.model_validate(data)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(dump_config(config))
+    return config.model_dump(mode="json")
+
+
+def model_tag(config: dict[str, Any]) -> str:
+    policy = config["policy"]
+    return str(policy["path"]) if policy.get("path") else f"preset:{policy['preset']}"
+
+
+@task(**IO_RETRY)
+def open_train_run(
+    tracking_uri: str,
+    study: str,
+    config: dict[str, Any],
+    run_dir: Path,
+    *,
+    parent_run_id: str | None = None,
+    flow_run_id: str = "",
+) -> dict[str, str]:
+    """The MLflow run of one training run: tags, flattened config, prep datasets."""
+    client = tracking.connect(tracking_uri)
+    experiment_id = tracking.open_experiment(client, study)
+    prep_dir = Path(config["tasks"]["prep_dir"])
+    sha256 = tracking.dataset_digest(prep_dir)
+    run_id = tracking.find_or_create_run(
+        client,
+        experiment_id,
+        name=config["name"],
+        key_tags={"stage": "train", "run_dir": str(Path(run_dir).resolve())},
+        tags={
+            "schedule": config["schedule"],
+            "seed": str(config["seed"]),
+            "objective": config["objective"],
+            "model": model_tag(config),
+            "dataset_digest": sha256[:32],
+            "dataset_sha256": sha256,
+            "prep_dir": str(prep_dir),
+            "prefect.flow_run_id": flow_run_id,
+        },
+        parent_run_id=parent_run_id,
+    )
+    tracking.log_params(client, run_id, config)
+    tracking.log_prep_datasets(client, run_id, prep_dir)
+    return {"run_id": run_id, "experiment_id": experiment_id, "dataset_sha256": sha256}
+
+
+@task(cache_policy=NO_CACHE, retries=0)
+def launch_training(
+    launcher: Launcher,
+    config_path: Path,
+    run_dir: Path,
+    *,
+    ray_address: str | None = None,
+    submission_id: str = "",
+) -> TrainingJob:
+    job = launch(
+        launcher, config_path, run_dir, ray_address=ray_address, submission_id=submission_id
+    )
+    task_logger().info("training started: %s", job.description)
+    return job
+
+
+def read_new_records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete lines of ``metrics.jsonl`` from byte ``offset``; returns them and the new
+    offset (a line still being written is left for the next read)."""
+    if not path.is_file():
+        return [], offset
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    end = data.rfind(b"\n") + 1
+    lines = data[:end].decode().splitlines()
+    return [json.loads(line) for line in lines if line.strip()], offset + end
+
+
+@task(**IO_RETRY)
+def log_steps(tracking_uri: str, run_id: str, records: list[dict[str, Any]]) -> list[int]:
+    """Log step records to the run; steps it already holds are skipped."""
+    logged = tracking.log_step_metrics(tracking.connect(tracking_uri), run_id, records)
+    logger = task_logger()
+    for record in records:
+        if int(record["step"]) in logged:
+            logger.info(
+                "step %s: wall %.2f s, learner idle %.0f%%, reward %.3f, loss %+.4f",
+                record["step"],
+                record.get("step_wall_s", float("nan")),
+                100 * record.get("learner_idle_fraction", float("nan")),
+                record.get("reward_mean", float("nan")),
+                record.get("loss", float("nan")),
+            )
+    return logged
+
+
+@task(**IO_RETRY)
+def finish_training(
+    tracking_uri: str, run_id: str, run_dir: Path, *, error: str | None = None
+) -> dict[str, Any]:
+    """Artifacts, the dev pass rates and the run status; returns summary.json (or {})."""
+    client = tracking.connect(tracking_uri)
+    tracking.log_run_folder(client, run_id, run_dir)
+    summary_path = Path(run_dir) / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    stamp = client.get_run(run_id).info.start_time
+    for when in ("dev_before", "dev_after"):
+        for key, value in (summary.get(when) or {}).items():
+            if tracking.finite(value):
+                client.log_metric(run_id, f"{when}_{key}", float(value), stamp, step=0)
+    tracking.finish_run(client, run_id, error=error)
+    return summary
+
+
+def run_totals(run_dir: Path) -> dict[str, Any]:
+    """A run's headline numbers from metrics.jsonl: steps, means, final device-hours."""
+    records, _ = read_new_records(Path(run_dir) / "metrics.jsonl", 0)
+    if not records:
+        return {"steps": 0}
+
+    def mean(key: str) -> float:
+        values = [r[key] for r in records if tracking.finite(r.get(key))]
+        return sum(values) / len(values) if values else float("nan")
+
+    return {
+        "steps": len(records),
+        "mean_step_wall_s": mean("step_wall_s"),
+        "mean_learner_idle_fraction": mean("learner_idle_fraction"),
+        "mean_reward": mean("reward_mean"),
+        "device_hours": records[-1].get("device_hours"),
+    }

@@ -1,0 +1,221 @@
+"""The training stage end to end on Ray: real rollouts in the local sandbox, real graders.
+
+The policy is the tiny model warm-started briefly on the two fixture tasks, so it solves
+them about half the time and GRPO updates are not zero. The engine is the transformers
+engine (deterministic per request seed, and no 30 s engine start per run); the vLLM path
+runs in the embedded end-to-end run and the engine tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from thundersync_core.batch import read_batch
+from thundersync_core.config import load_config
+from thundersync_core.policy import build_model, build_tokenizer, save_policy
+from thundersync_core.train import TrainingError, train
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _config_file(tmp: Path, prep: Path, policy: Path, **extra: object) -> Path:
+    config = {
+        "name": "test",
+        "steps": 1,
+        "groups_per_step": 2,
+        "group_size": 4,
+        "lr": 1e-3,
+        "checkpoint_every": 1,
+        "policy": {"path": str(policy), "teacher_path": str(policy)},
+        "warm_start": {"enabled": False},
+        "tasks": {"prep_dir": str(prep), "dev_tasks": 0},
+        "rollout": {"engine": "hf", "max_turns": 3, "max_tokens_per_turn": 64},
+        "resources": {"learner_peak_flops": 1e10},
+    }
+    for dotted, value in extra.items():
+        node = config
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})  # type: ignore[assignment]
+        node[leaf] = value  # type: ignore[index]
+    path = tmp / f"config-{time.time_ns()}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    folder = run / "checkpoints" / f"step-{step:06d}" / "model"
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(shard)))
+    return out
+
+
+def _max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    return diff / max(float(a[k].abs().max()) for k in a)
+
+
+def test_sync_and_thundersync_agree_on_the_first_step(tmp_path, tiny_prep_dir, solver_policy_dir):
+    runs = {}
+    for schedule in ("sync", "thundersync"):
+        cfg = load_config(
+            _config_file(tmp_path, tiny_prep_dir, solver_policy_dir), {"schedule": schedule}
+        )
+        train(cfg, tmp_path / schedule)
+        runs[schedule] = tmp_path / schedule
+    sync_batch = read_batch(runs["sync"] / "batches" / "step-000000.jsonl")
+    stream_batch = read_batch(runs["thundersync"] / "batches" / "step-000000.jsonl")
+    key = lambda t: t.trajectory_id  # noqa: E731
+    sync_batch, stream_batch = sorted(sync_batch, key=key), sorted(stream_batch, key=key)
+    assert [t.response_ids for t in sync_batch] == [t.response_ids for t in stream_batch]
+    assert [t.reward for t in sync_batch] == [t.reward for t in stream_batch]
+    rewards = {t.reward for t in sync_batch}
+    assert len(rewards) > 1, "uniform rewards would make the update trivially equal"
+
+    start = load_file(str(solver_policy_dir / "model.safetensors"))
+    after_sync, after_stream = _weights(runs["sync"], 1), _weights(runs["thundersync"], 1)
+    update_sync = {k: after_sync[k] - start[k] for k in start}
+    update_stream = {k: after_stream[k] - start[k] for k in start}
+    norm = torch.sqrt(sum((u**2).sum() for u in update_sync.values()))
+    diff = torch.sqrt(sum(((update_sync[k] - update_stream[k]) ** 2).sum() for k in start))
+    assert float(norm) > 0
+    assert float(diff / norm) < 1e-3
+    metrics = {s: json.loads((runs[s] / "metrics.jsonl").read_text().splitlines()[0]) for s in runs}
+    assert metrics["sync"]["loss"] == pytest.approx(metrics["thundersync"]["loss"], rel=1e-4)
+    assert metrics["sync"]["grad_norm"] == pytest.approx(
+        metrics["thundersync"]["grad_norm"], rel=1e-4
+    )
+
+
+def _run_and_kill(config: Path, out: Path) -> None:
+    """Start ``thundersync train`` and kill its whole process group mid-run, right after
+    the first checkpoint is complete (the second step is then in flight)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "thundersync_core.cli",
+            "train",
+            "--config",
+            str(config),
+            "--out",
+            str(out),
+        ],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    marker = out / "checkpoints" / "step-000001" / "state.json"
+    try:
+        deadline = time.time() + 240
+        while not marker.exists():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.time() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("schedule", ["sync", "thundersync"])
+def test_kill_and_resume_ends_with_the_uninterrupted_weights(
+    tmp_path, tiny_prep_dir, solver_policy_dir, schedule
+):
+    config = _config_file(tmp_path, tiny_prep_dir, solver_policy_dir, schedule=schedule, steps=3)
+    train(load_config(config), tmp_path / "whole")
+    _run_and_kill(config, tmp_path / "killed")
+    assert not (tmp_path / "killed" / "checkpoints" / "step-000003").exists()
+    summary = train(load_config(config), tmp_path / "killed", resume=True)
+    assert summary["status"] == "finished"
+    whole, resumed = _weights(tmp_path / "whole", 3), _weights(tmp_path / "killed", 3)
+    start = load_file(str(solver_policy_dir / "model.safetensors"))
+    assert _max_rel(start, whole) > 1e-4, "training must have moved the weights"
+    tolerance = 0.0 if schedule == "sync" else 1e-6  # arrival order varies under thundersync
+    assert _max_rel(whole, resumed) <= tolerance
+    steps = [
+        json.loads(x)["step"]
+        for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [0, 1, 2]
+
+
+def test_non_finite_teacher_scores_stop_the_run_and_keep_checkpoints(
+    tmp_path, tiny_prep_dir, solver_policy_dir
+):
+    config = _config_file(
+        tmp_path, tiny_prep_dir, solver_policy_dir, objective="opd", schedule="thundersync"
+    )
+    run = tmp_path / "run"
+    train(load_config(config), run)
+    checkpoint = run / "checkpoints" / "step-000001"
+    digest = {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in checkpoint.rglob("*")
+        if p.is_file()
+    }
+
+    broken = build_model("tiny", seed=1)
+    with torch.no_grad():
+        for p in broken.parameters():
+            p.fill_(float("nan"))
+    save_policy(
+        broken, build_tokenizer(vocab_size=broken.config.vocab_size), tmp_path / "nan-teacher"
+    )
+    bad = _config_file(
+        tmp_path,
+        tiny_prep_dir,
+        solver_policy_dir,
+        objective="opd",
+        schedule="thundersync",
+        steps=2,
+        policy__teacher_path=str(tmp_path / "nan-teacher"),
+    )
+    with pytest.raises(TrainingError, match=r"step 1: trajectory 's00001-g\d-[a-z-]+/\d' turn 0"):
+        train(load_config(bad), run, resume=True)
+    assert not (run / "checkpoints" / "step-000002").exists()
+    after = {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in checkpoint.rglob("*")
+        if p.is_file()
+    }
+    assert after == digest
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize(("schedule", "objective"), [("async", "grpo"), ("pipeline", "opd")])
+def test_off_policy_schedules_record_bounded_staleness(
+    tmp_path, tiny_prep_dir, solver_policy_dir, schedule, objective
+):
+    config = _config_file(
+        tmp_path,
+        tiny_prep_dir,
+        solver_policy_dir,
+        schedule=schedule,
+        objective=objective,
+        steps=3,
+        max_staleness=1,
+    )
+    train(load_config(config), tmp_path / "run")
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    for record in records:
+        lags = {int(k) for k, v in record["staleness_tokens"].items() if v}
+        assert lags <= {0, 1}, record["staleness_tokens"]
+    if schedule == "async":
+        # Batch k is sampled by theta_{k-1}: every token of steps 1 and 2 is one version old.
+        assert set(records[1]["staleness_tokens"]) == {"1"}
+        assert set(records[2]["staleness_tokens"]) == {"1"}
+        assert records[1]["is_weight_mean"] is not None
