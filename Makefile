@@ -70,8 +70,8 @@ prep: $(STAMP)
 ui: $(STAMP)
 	@db=$$(realpath -m "$${MLFLOW_DB:-runs/experiment/mlflow.db}"); mkdir -p "$$(dirname "$$db")"; \
 	pport=$${PREFECT_PORT:-4200}; mport=$${MLFLOW_PORT:-5000}; \
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/prefect server start \
-		--host 127.0.0.1 --port $$pport & prefect=$$!; \
+	PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_UI_API_URL=http://127.0.0.1:$$pport/api \
+		$(BIN)/prefect server start --host 127.0.0.1 --port $$pport & prefect=$$!; \
 	$(BIN)/mlflow server --workers 1 --host 127.0.0.1 --port $$mport \
 		--backend-store-uri "sqlite:///$$db" & mlflow=$$!; \
 	trap 'kill $$prefect $$mlflow 2>/dev/null' INT TERM EXIT; \

@@ -74,6 +74,9 @@ class Validation(_Strict):
 class PrepConfig(_Strict):
     seed: int = 0
     dev_fraction: float = Field(0.05, ge=0.0, lt=1.0)
+    #: What a terminal dev split holds out: whole families (generalisation to unseen kinds
+    #: of task) or single tasks (unseen instances of the kinds trained on).
+    terminal_dev_group: Literal["family", "task"] = "family"
     swe_sources: list[SWESource] = Field(default_factory=list)
     terminal_sources: list[TerminalSource] = Field(default_factory=list)
     swe_bench_verified: Path | None = None

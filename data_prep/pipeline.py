@@ -256,12 +256,13 @@ def write_terminal(records: list[TerminalTaskRecord], config: PrepConfig, out: P
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(r.path, dest)
-        split = "dev" if in_dev(r.family, config.dev_fraction) else "train"
+        group = r.family if config.terminal_dev_group == "family" else r.task_id
+        split = "dev" if in_dev(group, config.dev_fraction) else "train"
         rows.append({
             "task_id": r.task_id, "source": r.source, "family": r.family, "layout": r.layout,
             "instruction": r.instruction, "path": f"tasks/{r.task_id}",
             "difficulty": r.difficulty, "content_digest": r.content_digest,
-            "group": r.family, "split": split,
+            "group": group, "split": split,
         })  # fmt: skip
     for split in ("train", "dev"):
         _write_parquet(

@@ -1,6 +1,7 @@
 """``experiment_flow``: prep, then per schedule and seed train and evaluate, then compare.
 
-Every schedule trains from the same config with the same seeds and steps, one run after
+Every schedule trains from the same config with the same seeds and steps, and for each
+seed from the same initial weights (one warm start per seed, shared), one run after
 another (runs share the machine; running them side by side would change the wall times
 being compared). MLflow: a parent run for this flow run, a child per stage, and per
 (schedule, seed) a training run named ``<schedule>-seed<k>``. Prefect: one subflow per
@@ -32,6 +33,7 @@ from flows.train import config_name, train_flow
 from tasks import tracking
 from tasks.report import publish_report
 from tasks.runs import close_run, log_text, open_run
+from tasks.train import resolve_train_config, shared_start
 
 __all__ = ["experiment_flow"]
 
@@ -104,11 +106,16 @@ def _train_and_evaluate(
 ) -> list[dict[str, Any]]:
     runs = []
     for seed in params.seeds:
+        seed_dir = runs_dir.parent / "warmstart" / f"seed{seed}"
+        config = resolve_train_config(
+            Path(params.train_config), overrides | {"seed": seed}, seed_dir / "config.yaml"
+        )
+        start = shared_start(config, seed_dir)
         for schedule in params.schedules:
             run = train_flow(
                 TrainParams(
                     train_config=params.train_config,
-                    overrides=overrides,
+                    overrides=overrides | start,
                     schedule=schedule,
                     seed=seed,
                     out=str(runs_dir),

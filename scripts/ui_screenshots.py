@@ -142,8 +142,8 @@ def report_artifact(prefect: str, flow_run_id: str) -> str:
     return artifacts[0]["id"]  # type: ignore[index]
 
 
-def training_runs(mlflow: str, flow_run_id: str) -> tuple[str, list[str]]:
-    """(experiment id, training run ids) of the experiment flow run ``flow_run_id``."""
+def training_runs(mlflow: str, flow_run_id: str) -> tuple[str, str, list[str]]:
+    """(experiment id, parent run name, training run ids) of the experiment flow run."""
     parents = _get(
         f"{mlflow}/api/2.0/mlflow/runs/search",
         {
@@ -160,7 +160,8 @@ def training_runs(mlflow: str, flow_run_id: str) -> tuple[str, list[str]]:
             "order_by": ["attributes.run_name ASC"],
         },
     )["runs"]  # type: ignore[index]
-    return parent["experiment_id"], [c["info"]["run_id"] for c in children]
+    ids = [c["info"]["run_id"] for c in children]
+    return parent["experiment_id"], parent["run_name"], ids
 
 
 def _experiments(mlflow: str) -> list[dict]:
@@ -203,7 +204,15 @@ def _wait_for_text(driver: Any, text: str, timeout_s: float = 60) -> None:
 
 
 def _save(driver: Any, path: Path, height: int) -> Path:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
     driver.set_window_size(driver.get_window_size()["width"], height)
+    # MLflow's assistant panel can open by itself and cover a third of the page.
+    for close in driver.find_elements(
+        By.CSS_SELECTOR, "[data-component-id='mlflow.assistant.chat_panel.close']"
+    ):
+        close.click()
+        time.sleep(1)
     path.parent.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(path))
     print(f"{path}: {driver.current_url}", flush=True)
@@ -213,7 +222,7 @@ def _save(driver: Any, path: Path, height: int) -> Path:
 def prefect_shots(driver: Any, prefect: str, out: Path) -> list[Path]:
     flow_run = latest_experiment_run(prefect)
     driver.get(f"{prefect}/runs/flow-run/{flow_run['id']}")
-    _wait_for_text(driver, "evaluate /")
+    _wait_for_text(driver, "Task runs")
     shots = [_save(driver, out / "prefect_flow_run.png", 1000)]
     driver.get(f"{prefect}/artifacts/artifact/{report_artifact(prefect, flow_run['id'])}")
     _wait_for_text(driver, "matched device-hours")
@@ -224,7 +233,7 @@ def prefect_shots(driver: Any, prefect: str, out: Path) -> list[Path]:
 def mlflow_shots(driver: Any, mlflow: str, flow_run_id: str, out: Path) -> list[Path]:
     from selenium.webdriver.common.by import By  # noqa: PLC0415
 
-    experiment_id, run_ids = training_runs(mlflow, flow_run_id)
+    experiment_id, parent_name, run_ids = training_runs(mlflow, flow_run_id)
     driver.get(f"{mlflow}/")
     for key, value in MLFLOW_UI_STATE.items():
         driver.execute_script(
@@ -247,6 +256,12 @@ def mlflow_shots(driver: Any, mlflow: str, flow_run_id: str, out: Path) -> list[
         By.CSS_SELECTOR, "button[data-component-id$='runnamecellrenderer.tsx_46']"
     ):
         button.click()
+    # Hide the parent run (it has no step metrics) so the legends name the schedules' runs.
+    driver.find_element(
+        By.XPATH,
+        f"//div[@role='row'][.//a[normalize-space()='{parent_name}']]"
+        "//label[input[contains(@class, 'is-visibility-toggle-checkbox')]]",
+    ).click()
     driver.find_element(By.CSS_SELECTOR, "input[placeholder='Search metric charts']").send_keys(
         CHARTS
     )
@@ -275,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="skip the experiment run")
     args = parser.parse_args(argv)
     work = args.work.resolve()
+    (work / "prefect-home").mkdir(parents=True, exist_ok=True)
     if not args.reuse:
         run_experiment(work, args.config, args.schedules, args.steps)
     with servers(work) as (prefect, mlflow):

@@ -72,6 +72,8 @@ _PARAM_BATCH = 100  # and on params
 
 
 def connect(tracking_uri: str) -> MlflowClient:
+    if tracking_uri.startswith("sqlite:///"):
+        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     return MlflowClient(tracking_uri=tracking_uri)
 
 

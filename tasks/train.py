@@ -25,6 +25,7 @@ __all__ = [
     "read_new_records",
     "resolve_train_config",
     "run_totals",
+    "shared_start",
 ]
 
 
@@ -62,7 +63,8 @@ def open_train_run(
     parent_run_id: str | None = None,
     flow_run_id: str = "",
 ) -> dict[str, str]:
-    """The MLflow run of one training run: tags, flattened config, prep datasets."""
+    """The MLflow run of one training run: tags, flattened config, prep datasets and
+    the prep manifest."""
     client = tracking.connect(tracking_uri)
     experiment_id = tracking.open_experiment(client, study)
     prep_dir = Path(config["tasks"]["prep_dir"])
@@ -86,6 +88,7 @@ def open_train_run(
     )
     tracking.log_params(client, run_id, config)
     tracking.log_prep_datasets(client, run_id, prep_dir)
+    client.log_artifact(run_id, str(prep_dir / "manifest.json"), "prep")
     return {"run_id": run_id, "experiment_id": experiment_id, "dataset_sha256": sha256}
 
 
@@ -103,6 +106,26 @@ def launch_training(
     )
     task_logger().info("training started: %s", job.description)
     return job
+
+
+@task(cache_policy=NO_CACHE)
+def shared_start(config: dict[str, Any], out: Path) -> dict[str, str]:
+    """Warm-start once for every schedule of a seed; returns the policy (and OPD teacher)
+    folders as overrides, so all schedules start from the same weights. Nothing to do (no
+    overrides) when the config names both folders already."""
+    from thundersync_core.config import TrainConfig  # noqa: PLC0415
+    from thundersync_core.train import load_pool, prepare_policies  # noqa: PLC0415
+
+    resolved = TrainConfig.model_validate(config)
+    needs_teacher = resolved.objective == "opd" and resolved.policy.teacher_path is None
+    if resolved.policy.path is not None and not needs_teacher:
+        return {}
+    pool = load_pool(resolved.tasks.prep_dir, "train", resolved.tasks.families)
+    policy, teacher = prepare_policies(resolved, Path(out), list(pool.values()))
+    overrides = {"policy.path": str(policy)}
+    if teacher is not None:
+        overrides["policy.teacher_path"] = str(teacher)
+    return overrides
 
 
 def read_new_records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:

@@ -102,6 +102,9 @@ class TrainConfig(_Strict):
     #: Truncation of importance weights for the off-policy schedules.
     is_clip: float = Field(default=2.0, gt=0)
     checkpoint_every: int = Field(default=2, ge=1)
+    #: Sync's learner: the same per-source executor as thundersync (the default, so the
+    #: two differ only in schedule) or the padded whole-batch learner.
+    sync_learner: Literal["per-source", "batched"] = "per-source"
     policy: PolicyConfig = PolicyConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     tasks: TasksConfig = TasksConfig()

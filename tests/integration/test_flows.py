@@ -57,18 +57,13 @@ def prefect_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def ray_session() -> Iterator[None]:
-    """One Ray instance for the module; train() joins it instead of starting its own."""
-    import ray  # noqa: PLC0415
-
+def ray_session() -> None:
+    """Ray for the training runs: the session's instance if a test started one, else one
+    started here and left up for the rest of the session (train() joins it)."""
     from thundersync_core.config import TrainConfig  # noqa: PLC0415
     from thundersync_core.runtime.placement import start_ray  # noqa: PLC0415
 
-    started = not ray.is_initialized()
     start_ray(TrainConfig().resources)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def _prep_config(root: Path) -> Path:
@@ -131,6 +126,7 @@ def _steps(client: object, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, key))  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_experiment_flow_end_to_end(
     prefect_backend: None, ray_session: None, tiny_policy_dir: Path, tmp_path: Path
 ) -> None:
@@ -201,7 +197,9 @@ def test_experiment_flow_end_to_end(
             for name in ("terminal-dev", "swe-train", "swe-dev")
         }
         artifacts = {a.path for a in client.list_artifacts(run_id)}
-        assert {"config.yaml", "summary.json", "traces", "checkpoints.json", "eval"} <= artifacts
+        assert {"config.yaml", "summary.json", "traces", "checkpoints.json", "eval", "prep"} <= (
+            artifacts
+        )
         pointers = json.loads(
             Path(client.download_artifacts(run_id, "checkpoints.json", str(tmp_path))).read_text()
         )
@@ -324,3 +322,27 @@ def test_subprocess_launcher_reports_the_trainers_own_message(
     assert job.poll() == "failed"
     assert "tasks.prep_dir" in job.failure()
     assert "exit code 2" in job.failure()
+
+
+def test_the_schedules_of_a_seed_share_one_warm_start(tmp_path: Path) -> None:
+    from data_prep.config import load_prep_config  # noqa: PLC0415
+    from data_prep.pipeline import prepare  # noqa: PLC0415
+    from tasks.train import shared_start  # noqa: PLC0415
+    from thundersync_core.config import load_config  # noqa: PLC0415
+
+    prep = tmp_path / "prep"
+    prepare(load_prep_config(_prep_config(tmp_path)), prep)
+    overrides = {"tasks.prep_dir": str(prep), "warm_start.steps": 1}
+    config = load_config(None, overrides).model_dump(mode="json")
+    out = tmp_path / "seed0"
+    first = shared_start.fn(config, out)
+    policy = Path(first["policy.path"])
+    assert policy == out / "warmstart" / "policy"
+    weights = policy / "model.safetensors"
+    written = weights.stat().st_mtime_ns
+    # The next schedule of the seed gets the same folder, not a second warm start.
+    assert shared_start.fn(config, out) == first
+    assert weights.stat().st_mtime_ns == written
+    # A config that names its policy needs none.
+    named = config | {"policy": config["policy"] | {"path": str(policy)}}
+    assert shared_start.fn(named, out) == {}

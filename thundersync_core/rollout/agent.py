@@ -185,6 +185,9 @@ class Agent:
         self.sampling = sampling or SamplingConfig(stop_token_ids=(self.end_id,))
         self.base_seed = base_seed
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sandbox")
+        # Graders get their own threads: a finished trajectory's reward must not wait
+        # behind the next round's commands (its release time is when the reward lands).
+        self.graders = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grader")
 
     # -- driver ----------------------------------------------------------------------------
     def run(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
@@ -220,7 +223,7 @@ class Agent:
                     yield from self._take_turns(live)
                     for episode in [e for e in live if e.finish_reason is not None]:
                         live.remove(episode)
-                        grading.add(self.pool.submit(self._finish_and_close, episode))
+                        grading.add(self.graders.submit(self._finish_and_close, episode))
                 if grading:
                     # Block on graders only when there is nothing to generate; poll while
                     # ``admit`` holds specs back.
@@ -388,3 +391,4 @@ class Agent:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        self.graders.shutdown(wait=True)

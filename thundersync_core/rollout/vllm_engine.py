@@ -51,6 +51,11 @@ class VLLMEngine:
         # vLLM CPU sizes its KV cache from this variable (GiB); its default is larger than
         # a tiny model needs and than small CI machines can spare.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        # Whole prompts per step: vLLM CPU's seeded sampling cannot rewind a request's
+        # generator after a partial (chunked) prefill, which kills the engine; a budget of
+        # many full contexts per step is also several times faster for agent batches here.
+        engine_kwargs.setdefault("enable_chunked_prefill", False)
+        engine_kwargs.setdefault("max_num_batched_tokens", 16 * max_model_len)
         self.llm = LLM(
             model=str(model_dir),
             dtype=dtype,

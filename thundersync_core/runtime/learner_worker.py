@@ -34,12 +34,18 @@ from thundersync_core.streaming.base import GroupSpec, LearnerBase, LearnerRefus
 
 
 def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> LearnerBase:
-    """The learner each (objective, schedule) pair trains with."""
+    """The learner each (objective, schedule) pair trains with.
+
+    Sync and thundersync use the same per-source executor by default, so a comparison of
+    the two measures the schedule alone (sync hands it every source after the last
+    reward); ``sync_learner: batched`` gives sync the padded whole-batch learner instead.
+    """
     off_policy = config.schedule in ("async", "pipeline")
     lag = 0 if not off_policy else (1 if config.schedule == "async" else config.max_staleness)
     is_clip = config.is_clip if off_policy else None
+    batched = config.schedule == "sync" and config.sync_learner == "batched"
     if config.objective == "grpo":
-        if config.schedule == "sync":
+        if batched:
             return SyncGRPOLearner(model, loss_agg=config.loss_agg, policy_version=version)  # type: ignore[arg-type]
         cap = config.max_open_groups if config.schedule == "thundersync" else config.groups_per_step
         return StreamingGRPOLearner(
@@ -50,7 +56,7 @@ def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> 
             max_lag=lag,
             is_clip=is_clip,
         )
-    if config.schedule == "sync":
+    if batched:
         return SyncOPDLearner(model, policy_version=version)  # type: ignore[arg-type]
     return StreamingOPDLearner(model, policy_version=version, max_lag=lag, is_clip=is_clip)  # type: ignore[arg-type]
 
@@ -111,9 +117,8 @@ class LearnerWorker:
         self._record(t0, traj.trajectory_id, release_s)
         prompt = len(traj.prompt_ids) if traj.group_id not in self._groups_seen else 0
         self._groups_seen.add(traj.group_id)
-        tokens = len(traj.response_ids) + (
-            len(traj.prompt_ids) if self.config.schedule == "sync" else prompt
-        )
+        batched = isinstance(self.learner, SyncGRPOLearner | SyncOPDLearner)
+        tokens = len(traj.response_ids) + (len(traj.prompt_ids) if batched else prompt)
         self.ledger.add(forward=tokens, backward=tokens)
         self._count_versions(traj)
 

@@ -30,6 +30,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-size", default=16, type=int)
     p.add_argument("--preset", default="tiny", help="model preset of a fresh policy")
     p.add_argument("--init-from", type=Path, help="start from this policy folder instead")
+    p.add_argument(
+        "--tokenizer-from",
+        type=Path,
+        help="take the tokenizer of this policy folder (a teacher must share its student's)",
+    )
     p.add_argument("--seed", default=0, type=int)
     p.add_argument("--families", default="", help="comma-separated task families to keep")
     p.add_argument("--limit", default=0, type=int, help="use only the first N tasks (0: all)")
@@ -59,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         preset=args.preset,
         init_from=args.init_from,
+        tokenizer_from=args.tokenizer_from,
         steps=args.steps,
         lr=args.lr,
         batch_size=args.batch_size,

@@ -218,7 +218,7 @@ def warm_start(
     tokenizer_from: Path | None = None,
     agent_config: AgentConfig | None = None,
     max_action_tokens: int = 64,
-    sandbox_workers: int = 2,
+    sandbox_workers: int = 4,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune a policy on the reference solutions of ``task_roots``; save it to ``out_dir``.
@@ -247,6 +247,7 @@ def warm_start(
     if not episodes:
         raise ValueError(f"warm start: no usable episode among {len(tasks)} tasks ({skipped})")
     log(f"warm start: {len(episodes)} episodes from {len(tasks)} tasks in {solve_s:.1f}s")
+    train_start = time.perf_counter()
     losses = train_sft(
         model,
         [example_tensors(t) for _, t in episodes],
@@ -263,6 +264,7 @@ def warm_start(
         **_data_summary(episodes, skipped),
         **_loss_summary(losses, config),
         "solve_s": round(solve_s, 2),
+        "train_s": round(time.perf_counter() - train_start, 2),
         "wall_s": round(time.perf_counter() - start, 2),
     }
     (Path(out_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
