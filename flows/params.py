@@ -61,7 +61,7 @@ class EvalParams(_Params):
     #: Attempts per task; pass@1 and pass@k are reported.
     k: int = Field(default=2, ge=1)
     split: Literal["dev", "train"] = "dev"
-    #: First N tasks of each pool (0: all).
+    #: First N tasks of each pool (0: all); terminal tasks are those of the trained families.
     limit: int = Field(default=0, ge=0)
     engine: Literal["auto", "vllm", "hf"] = "auto"
     #: Agent limits; empty: the training config's rollout section.
@@ -125,7 +125,11 @@ class TrainParams(_Params):
 
 
 class EvaluateFlowParams(_Params):
-    """Evaluate every checkpoint of one training run folder."""
+    """Evaluate every checkpoint of one training run folder.
+
+    The scores go to the MLflow run tagged with this ``run_dir``; give the tracking URI the
+    run was logged to (default: ``<run_dir>/../mlflow.db``, where ``train_flow`` puts it).
+    """
 
     run_dir: str
     #: Prep folder of the dev tasks; empty: the run's own tasks.prep_dir.
@@ -166,5 +170,5 @@ class ExperimentParams(_Params):
         prep = data.get("prep") or {}
         for key in ("config", "out_root"):
             if prep.get(key):
-                prep[key] = str(base / prep[key])
+                prep[key] = str((base / prep[key]).resolve())
         return cls.model_validate(data)

@@ -81,6 +81,9 @@ def train_flow(
     """Train one schedule and seed; returns the run folder, MLflow ids and summary."""
     out = Path(params.out).resolve()
     run_dir = out / params.run_name
+    if (run_dir / "metrics.jsonl").exists():
+        # Its MLflow run (found by run_dir) would be reopened and marked failed.
+        raise FileExistsError(f"out: {run_dir} holds a training run already; use a new out")
     overrides = params.overrides | {
         "schedule": params.schedule,
         "seed": params.seed,

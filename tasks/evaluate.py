@@ -15,7 +15,28 @@ from prefect.cache_policies import NO_CACHE
 from tasks import tracking
 from tasks.common import IO_RETRY, retry_is_useful, task_logger
 
-__all__ = ["evaluate_checkpoints", "log_evaluation"]
+__all__ = ["dev_pools", "evaluate_checkpoints", "log_evaluation"]
+
+
+def dev_pools(
+    prep_dir: Path, split: str, families: list[str], limit: int, grade_timeout_s: float
+) -> dict[str, list[Any]]:
+    """The prep split's pools, terminal tasks restricted to the trained ``families`` (empty:
+    all), as the training stage's own dev evaluation does; then the first ``limit`` each."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from eval.terminal_eval import load_prep_pools  # noqa: PLC0415 - torch import
+
+    pools = load_prep_pools(prep_dir, split, grade_timeout_s=grade_timeout_s)
+    if families and "terminal" in pools:
+        table = Path(prep_dir) / "terminal" / f"{split}.parquet"
+        rows = pq.read_table(table, columns=["task_id", "family"]).to_pylist()
+        keep = {r["task_id"] for r in rows if r["family"] in families}
+        pools["terminal"] = [t for t in pools["terminal"] if t.task_id in keep]
+    pools = {name: tasks[: limit or None] for name, tasks in pools.items() if tasks}
+    if not pools:
+        raise ValueError(f"tasks.families: no {split} task of {families} in {prep_dir}")
+    return pools
 
 
 @task(retries=1, retry_condition_fn=retry_is_useful, cache_policy=NO_CACHE)
@@ -25,17 +46,16 @@ def evaluate_checkpoints(
     settings: dict[str, Any],
     *,
     split: str = "dev",
+    families: list[str] | None = None,
     limit: int = 0,
     engine: str = "auto",
 ) -> list[dict[str, Any]]:
     """pass@1 and pass@k of each checkpoint on the prep split; returns the summary lines."""
     from eval.cadence import evaluate_run  # noqa: PLC0415 - torch import
-    from eval.terminal_eval import EvalSettings, load_prep_pools  # noqa: PLC0415
+    from eval.terminal_eval import EvalSettings  # noqa: PLC0415
 
     eval_settings = EvalSettings(**settings)
-    pools = load_prep_pools(
-        prep_dir, split, limit=limit, grade_timeout_s=eval_settings.grade_timeout_s
-    )
+    pools = dev_pools(prep_dir, split, families or [], limit, eval_settings.grade_timeout_s)
     result = evaluate_run(run_dir, pools, eval_settings, engine_kind=engine)
     task_logger().info(
         "%s: evaluated checkpoints %s, already done %s",

@@ -346,3 +346,21 @@ def test_the_schedules_of_a_seed_share_one_warm_start(tmp_path: Path) -> None:
     # A config that names its policy needs none.
     named = config | {"policy": config["policy"] | {"path": str(policy)}}
     assert shared_start.fn(named, out) == {}
+
+
+def test_checkpoints_are_evaluated_on_the_trained_families(tmp_path: Path) -> None:
+    from data_prep.config import load_prep_config  # noqa: PLC0415
+    from data_prep.pipeline import prepare  # noqa: PLC0415
+    from tasks.evaluate import dev_pools  # noqa: PLC0415
+
+    prep = tmp_path / "prep"
+    prepare(load_prep_config(_prep_config(tmp_path)), prep)
+
+    def ids(families: list[str], limit: int = 0) -> list[str]:
+        return [t.task_id for t in dev_pools(prep, "train", families, limit, 60.0)["terminal"]]
+
+    assert ids(["count-lines"]) == ["count-lines"]
+    assert ids([]) == ["count-lines", "write-hello"]
+    assert ids([], limit=1) == ["count-lines"]
+    with pytest.raises(ValueError, match=r"tasks\.families"):
+        ids(["no-such-family"])
