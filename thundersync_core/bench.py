@@ -37,7 +37,7 @@ def run_bench(config: TrainConfig, out_dir: Path, *, steps: int) -> dict[str, An
     from thundersync_core.runtime.rollout_worker import RolloutWorker  # noqa: PLC0415
     from thundersync_core.runtime.teacher_worker import TeacherWorker  # noqa: PLC0415
     from thundersync_core.schedules import DRIVERS, RunContext  # noqa: PLC0415
-    from thundersync_core.schedules.base import Roles  # noqa: PLC0415
+    from thundersync_core.schedules.base import Roles, group_lookup  # noqa: PLC0415
     from thundersync_core.train import load_pool, plan_step, prepare_policies  # noqa: PLC0415
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -66,16 +66,7 @@ def run_bench(config: TrainConfig, out_dir: Path, *, steps: int) -> dict[str, An
     }
     ray.get([rollout.version.remote(), *(lrn.version.remote() for lrn in learners.values())])
     task_ids = list(pool)
-    prompts: dict[str, tuple[int, ...]] = {}
-
-    def groups(specs: Any) -> dict[str, tuple[tuple[int, ...], int]]:
-        found: dict[str, tuple[tuple[int, ...], int]] = {}
-        for spec in specs:
-            if spec.task_id not in prompts:
-                prompts[spec.task_id] = ray.get(rollout.prompt_ids.remote(spec.task_id))
-            prompt, size = found.get(spec.group_id, (prompts[spec.task_id], 0))
-            found[spec.group_id] = (prompt, size + 1)
-        return found
+    groups = group_lookup(rollout)
 
     outcomes: dict[str, list[StepOutcome]] = {s: [] for s in BENCH_SCHEDULES}
     try:

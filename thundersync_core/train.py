@@ -385,22 +385,13 @@ def _run_schedule(
     state: dict[str, Any],
     on_step: Callable[[dict[str, Any]], None] | None,
 ) -> _Recorder:
-    import ray  # noqa: PLC0415
 
     from thundersync_core.runtime.placement import device_count  # noqa: PLC0415
     from thundersync_core.schedules import DRIVERS, RunContext  # noqa: PLC0415
+    from thundersync_core.schedules.base import group_lookup  # noqa: PLC0415
 
     task_ids = list(train_pool)
-    prompts: dict[str, tuple[int, ...]] = {}
-
-    def groups(specs: Sequence[RolloutSpec]) -> dict[str, tuple[tuple[int, ...], int]]:
-        out_groups: dict[str, tuple[tuple[int, ...], int]] = {}
-        for spec in specs:
-            if spec.task_id not in prompts:
-                prompts[spec.task_id] = ray.get(roles.rollout.prompt_ids.remote(spec.task_id))
-            prompt, size = out_groups.get(spec.group_id, (prompts[spec.task_id], 0))
-            out_groups[spec.group_id] = (prompt, size + 1)
-        return out_groups
+    groups = group_lookup(roles.rollout)
 
     if start_step == 0:
         (out / "metrics.jsonl").unlink(missing_ok=True)

@@ -50,6 +50,27 @@ class RunContext:
         return self.config.objective == "opd"
 
 
+def group_lookup(
+    rollout: Any,
+) -> Callable[[Sequence[RolloutSpec]], dict[str, tuple[tuple[int, ...], int]]]:
+    """group id -> (prompt ids, size) for a step's specs; prompts asked of the rollout
+    worker once per task (they are what its agent sends the engine)."""
+    import ray  # noqa: PLC0415
+
+    prompts: dict[str, tuple[int, ...]] = {}
+
+    def groups(specs: Sequence[RolloutSpec]) -> dict[str, tuple[tuple[int, ...], int]]:
+        found: dict[str, tuple[tuple[int, ...], int]] = {}
+        for spec in specs:
+            if spec.task_id not in prompts:
+                prompts[spec.task_id] = ray.get(rollout.prompt_ids.remote(spec.task_id))
+            prompt, size = found.get(spec.group_id, (prompts[spec.task_id], 0))
+            found[spec.group_id] = (prompt, size + 1)
+        return found
+
+    return groups
+
+
 def events(
     ctx: RunContext, specs: list[RolloutSpec], **options: Any
 ) -> Iterator[Trajectory | TurnReady]:
