@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from thundersync_core.cli import main
-from thundersync_core.policy import build_model, build_tokenizer
+from thundersync_core.policy import build_model, build_tokenizer, load_tokenizer, save_policy
 from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, format_observation
 from thundersync_core.rollout.engine import GenerationRequest, GenerationResult, SamplingConfig
 from thundersync_core.rollout.grading import GradeResult
@@ -24,7 +24,13 @@ from thundersync_core.warmstart.examples import (
     action_text,
     solution_commands,
 )
-from thundersync_core.warmstart.sft import collate, example_tensors, sft_loss, shared_prefix_len
+from thundersync_core.warmstart.sft import (
+    _initial_policy,
+    collate,
+    example_tensors,
+    sft_loss,
+    shared_prefix_len,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "tasks"
 HEADER = "#!/bin/bash\n# Reference solution; runs in /app.\ncd /app || exit 1\nexport LC_ALL=C\n"
@@ -223,6 +229,22 @@ def test_training_is_reproducible_from_the_seed(tokenizer):
     config = SFTConfig(steps=3, batch_size=2, warmup_steps=1)
     runs = [train_sft(build_model("micro", seed=0), examples, config, pad_id=0) for _ in "ab"]
     assert runs[0] == runs[1]
+
+
+def test_a_teacher_takes_its_students_tokenizer(tmp_path):
+    """OPD scores the student's token ids with the teacher: both must map text to the same ids."""
+    student = tmp_path / "student"
+    save_policy(build_model("micro"), build_tokenizer(vocab_size=1024), student)
+    _, tokenizer = _initial_policy("micro", 5, None, student)
+    assert tokenizer.get_vocab() == load_tokenizer(student).get_vocab()
+    # Without a source the offline tokenizer is rebuilt, deterministically.
+    _, rebuilt = _initial_policy("micro", 5, None, None)
+    assert rebuilt.get_vocab() == tokenizer.get_vocab()
+    wide = build_tokenizer(vocab_size=1024)
+    wide.add_tokens([f"<extra{i}>" for i in range(200)])
+    save_policy(build_model("micro"), wide, tmp_path / "wide")
+    with pytest.raises(ValueError, match="more than the model's vocabulary"):
+        _initial_policy("micro", 5, None, tmp_path / "wide")
 
 
 # -- task sources and the CLI --------------------------------------------------------------------

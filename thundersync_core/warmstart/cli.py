@@ -25,7 +25,9 @@ def add_parser(sub: Any) -> None:
         help="task folder, folder of task folders, or prep terminal/*.parquet (repeatable)",
     )
     p.add_argument("--out", required=True, type=Path, help="policy folder to write (HF format)")
-    p.add_argument("--steps", default=300, type=int)
+    p.add_argument(
+        "--steps", default=160, type=int, help="optimizer steps (160: student, 400: OPD teacher)"
+    )
     p.add_argument("--lr", default=3e-3, type=float)
     p.add_argument("--batch-size", default=16, type=int)
     p.add_argument("--preset", default="tiny", help="model preset of a fresh policy")

@@ -51,6 +51,9 @@ from thundersync_core.warmstart.examples import AgentFormat, SolvedEpisode, solv
 from thundersync_core.warmstart.tasks import collect_tasks
 
 __all__ = [
+    "EMBEDDED_FAMILIES",
+    "STUDENT_STEPS",
+    "TEACHER_STEPS",
     "SFTConfig",
     "collate",
     "example_tensors",
@@ -61,11 +64,28 @@ __all__ = [
 ]
 
 SUMMARY_FILE = "warmstart.json"
+# The embedded default: toyterm families whose reference turn fits 64 tokens and which the
+# tiny preset learns in ~160 steps (from the prep train split; the dev families are held out).
+EMBEDDED_FAMILIES = (
+    "oneliner",
+    "count",
+    "mktar",
+    "untar",
+    "grep",
+    "columns",
+    "find",
+    "perms",
+    "jobs",
+)
+# Student: a partial fit, so RL sees mixed rewards. Teacher (OPD): the same data to a
+# near-exact fit, same tokenizer. Both at lr 3e-3, 16 episodes a batch.
+STUDENT_STEPS = 160
+TEACHER_STEPS = 400
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 300
+    steps: int = STUDENT_STEPS
     lr: float = 3e-3
     batch_size: int = 16
     warmup_steps: int = 20
@@ -208,7 +228,7 @@ def warm_start(
     out_dir: Path,
     *,
     preset: str = "tiny",
-    steps: int = 300,
+    steps: int = STUDENT_STEPS,
     lr: float = 3e-3,
     batch_size: int = 16,
     seed: int = 0,
