@@ -21,7 +21,7 @@ from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec
 from thundersync_core.rollout.hf_engine import HFEngine
 from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox
 from thundersync_core.rollout.tasks import load_terminal_task
-from thundersync_core.warmstart import warm_start
+from thundersync_core.warmstart.sft import warm_start
 
 pytestmark = pytest.mark.integration
 TASK = Path(__file__).parent.parent / "fixtures" / "tasks" / "write-hello"

@@ -16,7 +16,6 @@ from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, form
 from thundersync_core.rollout.engine import GenerationRequest, GenerationResult, SamplingConfig
 from thundersync_core.rollout.grading import GradeResult
 from thundersync_core.rollout.sandbox.base import ExecResult, Sandbox, SandboxLimits
-from thundersync_core.warmstart import SFTConfig, collect_tasks, train_sft
 from thundersync_core.warmstart.examples import (
     SUBMIT_ACTION,
     AgentFormat,
@@ -25,12 +24,15 @@ from thundersync_core.warmstart.examples import (
     solution_commands,
 )
 from thundersync_core.warmstart.sft import (
+    SFTConfig,
     _initial_policy,
     collate,
     example_tensors,
     sft_loss,
     shared_prefix_len,
+    train_sft,
 )
+from thundersync_core.warmstart.tasks import collect_tasks
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "tasks"
 HEADER = "#!/bin/bash\n# Reference solution; runs in /app.\ncd /app || exit 1\nexport LC_ALL=C\n"

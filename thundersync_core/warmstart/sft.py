@@ -14,6 +14,7 @@ Simplifications, and why they are fine here:
 - batches are drawn epoch by epoch from a seeded shuffle, so a run is reproducible.
 
 ``warm_start`` is the entry point: task folders in, a Hugging Face policy folder out.
+Shapes: B episodes in a batch, T tokens per (right-padded) row, N scored tokens.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ __all__ = [
 ]
 
 SUMMARY_FILE = "warmstart.json"
-# The embedded default: toyterm families whose reference turn fits 64 tokens and which the
-# tiny preset learns in ~160 steps (from the prep train split; the dev families are held out).
+# The embedded default: toyterm families whose reference turn fits the rollout's 64 tokens
+# per turn (csv, rename: only some tasks do) and which the tiny preset fits in ~160 steps.
 EMBEDDED_FAMILIES = (
     "oneliner",
     "count",
