@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, form
 from thundersync_core.rollout.engine import GenerationRequest, GenerationResult, SamplingConfig
 from thundersync_core.rollout.grading import GradeResult
 from thundersync_core.rollout.sandbox.base import ExecResult, Sandbox, SandboxLimits
+from thundersync_core.warmstart import cli as warmstart_cli
 from thundersync_core.warmstart.examples import (
     SUBMIT_ACTION,
     AgentFormat,
@@ -24,6 +27,7 @@ from thundersync_core.warmstart.examples import (
     solution_commands,
 )
 from thundersync_core.warmstart.sft import (
+    STUDENT_STEPS,
     SFTConfig,
     _initial_policy,
     collate,
@@ -31,6 +35,7 @@ from thundersync_core.warmstart.sft import (
     sft_loss,
     shared_prefix_len,
     train_sft,
+    warm_start,
 )
 from thundersync_core.warmstart.tasks import collect_tasks
 
@@ -274,6 +279,14 @@ def test_cli_names_the_flag_of_a_bad_tasks_path(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"--tasks {missing}" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_defaults_are_the_library_defaults():
+    parser = argparse.ArgumentParser()
+    warmstart_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["warm-start", "--tasks", "t", "--out", "o"])
+    assert args.steps == STUDENT_STEPS
+    assert args.lr == inspect.signature(warm_start).parameters["lr"].default
 
 
 def test_cli_rejects_a_parquet_without_a_path_column(tmp_path, capsys):

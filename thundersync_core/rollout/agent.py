@@ -330,6 +330,9 @@ class Agent:
         if command.strip() == "submit":
             episode.finish_reason = "submitted"
             return None
+        if "\x00" in command:
+            # No shell can take a NUL byte; the policy hears why instead of the batch failing.
+            return "exit code: 127\nstderr:\nthe command contains a NUL byte and was not run"
         episode.mark("exec_start", turn=len(episode.turn_versions) - 1)
         result = episode.sandbox.exec(command, timeout_s=self.config.command_timeout_s)
         episode.mark(

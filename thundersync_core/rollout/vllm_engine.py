@@ -106,6 +106,9 @@ class VLLMEngine:
 
     def load_weights(self, path: Path, version: int) -> None:
         self.llm.collective_rpc("thundersync_load_weights", args=(str(path),))
+        # Cached prefix keys/values were computed by the old weights: drop them, or the
+        # shared system prompt of every later request is read through the old policy.
+        self.llm.reset_prefix_cache()
         self.policy_version = version
 
     def close(self) -> None:

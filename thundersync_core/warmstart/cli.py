@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--out", required=True, type=Path, help="policy folder to write (HF format)")
     p.add_argument(
-        "--steps", default=160, type=int, help="optimizer steps (160: student, 400: OPD teacher)"
+        "--steps", default=140, type=int, help="optimizer steps (140: student, 400: OPD teacher)"
     )
     p.add_argument("--lr", default=3e-3, type=float)
     p.add_argument("--batch-size", default=16, type=int)
