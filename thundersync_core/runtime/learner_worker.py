@@ -97,10 +97,6 @@ class LearnerWorker:
         self._error: str | None = None
         self.ledger.reset()
 
-    @property
-    def policy_version(self) -> int:
-        return self.learner.policy_version
-
     def version(self) -> int:
         return self.learner.policy_version
 
@@ -238,6 +234,3 @@ class LearnerWorker:
         )
         self.tokenizer.save_pretrained(path / "model")  # type: ignore[attr-defined]
         return str(path)
-
-    def parameters_digest(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.model.named_parameters()}

@@ -100,10 +100,6 @@ class RolloutWorker:
         if pending is not None:
             self.load_weights(str(pending[0]), pending[1])
 
-    @property
-    def policy_version(self) -> int:
-        return self.engine.policy_version
-
     def version(self) -> int:
         return self.engine.policy_version
 
