@@ -18,6 +18,13 @@ Gradients are accumulated unscaled in ``accum_dtype`` (float32, or float64 for f
 models). At the barrier the batch scalar c is applied once and p.grad receives the gradient
 of the loss an optimizer minimises: -c * grad J for an objective that is maximised (GRPO),
 c * grad L for one that is minimised (OPD). Nothing touches p.grad before the barrier.
+
+Data-parallel learners (``thundersync_core/parallel``) set a ``reducer``: each rank holds
+whole groups and accumulates their gradients unscaled; at the barrier the reducer sums the
+accumulators and the scalars c depends on (group count, scored-token count, objective,
+sources, importance statistics) over ranks, and c is computed from the global sums. The
+result is the single-process update whatever the ranks' group counts. ``reducer=None``
+(one process) leaves the barrier as it was.
 """
 
 from __future__ import annotations
@@ -54,6 +61,14 @@ class BatchResult:
     n_scored_tokens: int
     scale: float
     counters: dict[str, int] = field(default_factory=dict)
+
+
+class BarrierReducer(Protocol):
+    """Sums a batch's unscaled accumulators (in place) and its scalars over learner ranks."""
+
+    def all_reduce(self, grads: list[torch.Tensor], scalars: dict[str, float]) -> dict[str, float]:
+        """Sum ``grads`` in place over ranks; return the summed ``scalars``."""
+        ...
 
 
 class _HasGroup(Protocol):
@@ -101,6 +116,10 @@ class LearnerBase:
         self.policy_version = policy_version
         self.max_lag = max_lag
         self.is_clip = is_clip
+        #: Sums the batch over learner ranks at the barrier (None: one process); set by
+        #: the data-parallel layer after construction.
+        self.reducer: BarrierReducer | None = None
+        self._global_groups: int | None = None
         #: Importance-weight statistics of the current batch (off-policy learners).
         self.is_stats = {"tokens": 0, "weight_sum": 0.0, "clipped": 0}
         self.named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -132,8 +151,22 @@ class LearnerBase:
         self._n_scored_tokens = 0
         self._n_sources = 0
         self.is_stats = {"tokens": 0, "weight_sum": 0.0, "clipped": 0}
+        self._global_groups = None
         self._in_batch = True
         self._on_begin()
+
+    def add_groups(self, groups: Mapping[str, GroupSpec]) -> None:
+        """Register more groups in the batch in progress (a rank is handed groups as their
+        first source arrives)."""
+        if not self._in_batch:
+            raise LearnerRefusal(f"groups {sorted(groups)[:5]} added outside a batch")
+        for gid, spec in groups.items():
+            if gid in self._groups:
+                raise LearnerRefusal(f"group {gid!r} is already registered in this batch")
+            if spec.size < 1 or not spec.prompt_ids:
+                raise LearnerRefusal(f"group {gid!r}: needs size >= 1 and a non-empty prompt")
+            self._groups[gid] = spec
+            self._done[gid] = set()
 
     def finish(self) -> BatchResult:
         """The barrier: refuse unless safe, then write the scaled gradient into p.grad."""
@@ -141,6 +174,8 @@ class LearnerBase:
         self._check_complete()
         self._on_barrier()
         self.assert_safe_to_step()
+        if self.reducer is not None:
+            self._reduce_over_ranks(self.reducer)
         scale = self._scale()
         sign = -1.0 if self.maximise else 1.0
         grads = {}
@@ -152,12 +187,40 @@ class LearnerBase:
         return BatchResult(
             objective=scale * self._objective_sum,
             grad_objective=grads,
-            n_groups=len(self._groups),
+            n_groups=self._n_groups(),
             n_sources=self._n_sources,
             n_scored_tokens=self._n_scored_tokens,
             scale=scale,
             counters=self._counters(),
         )
+
+    def _reduce_over_ranks(self, reducer: BarrierReducer) -> None:
+        """Sum accumulators and scalars over ranks; the batch counters become the global ones."""
+        totals = reducer.all_reduce(
+            self._grad_sum,
+            {
+                "groups": float(len(self._groups)),
+                "sources": float(self._n_sources),
+                "scored_tokens": float(self._n_scored_tokens),
+                "objective": self._objective_sum,
+                "is_tokens": float(self.is_stats["tokens"]),
+                "is_weight_sum": float(self.is_stats["weight_sum"]),
+                "is_clipped": float(self.is_stats["clipped"]),
+            },
+        )
+        self._global_groups = round(totals["groups"])
+        self._n_sources = round(totals["sources"])
+        self._n_scored_tokens = round(totals["scored_tokens"])
+        self._objective_sum = totals["objective"]
+        self.is_stats = {
+            "tokens": round(totals["is_tokens"]),
+            "weight_sum": totals["is_weight_sum"],
+            "clipped": round(totals["is_clipped"]),
+        }
+
+    def _n_groups(self) -> int:
+        """Groups in the batch: this learner's, or every rank's once the barrier reduced them."""
+        return self._global_groups if self._global_groups is not None else len(self._groups)
 
     def step(self, optimizer: torch.optim.Optimizer) -> BatchResult:
         """Barrier, one optimizer step, and the policy version moves to k + 1."""

@@ -48,4 +48,4 @@ class GRPOLearnerBase(LearnerBase):
         raise NotImplementedError
 
     def _scale(self) -> float:
-        return batch_scale(self.loss_agg, len(self._groups), self._n_scored_tokens)
+        return batch_scale(self.loss_agg, self._n_groups(), self._n_scored_tokens)

@@ -1,0 +1,207 @@
+"""Rank-side code of the data-parallel tests: run in processes spawned by torch.multiprocessing.
+
+Each rank builds the same micro model (seed 3, as the ``micro32`` fixture), joins a gloo
+group, routes the batch's sources with the shared ``GroupAssigner`` (a pure function of the
+arrival order, so every rank computes the same routing without talking) and keeps only its
+own. Results are written to ``out/<case>-rank<r>.pt`` for the test process to compare.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tests.helpers import multi_turn_batch, random_batch
+from thundersync_core.batch import turns_of
+from thundersync_core.objectives.opd import split_by_turn
+from thundersync_core.parallel.data_parallel import (
+    GroupAssigner,
+    ProcessGroupReducer,
+    init_process_group,
+    predicted_tokens,
+)
+from thundersync_core.parallel.dcp import load_group_checkpoint, save_group_checkpoint
+from thundersync_core.parallel.fsdp import build_train_state
+from thundersync_core.policy import build_model
+from thundersync_core.replay import interleave
+from thundersync_core.streaming import StreamingGRPOLearner, StreamingOPDLearner, groups_of
+
+# Updates are compared as float32 parameters after minus before: a one-ulp difference in a
+# parameter near 1 (the norm weights) is 1.2e-7, i.e. 1.2e-4 of a 1e-3 step but 2.4e-6 of
+# a 5e-2 step, which leaves the 1e-5 tolerance to the update itself.
+LR = 5e-2
+MAX_GRAD_NORM = 1.0
+
+
+def grpo_batch(seed: int = 11):
+    """Four groups of three: enough to split 3 + 1 over two ranks."""
+    return random_batch(seed=seed, vocab=1024, n_groups=4, group_size=3)
+
+
+def opd_batch(seed: int = 13):
+    return multi_turn_batch(seed=seed, vocab=1024, n_groups=3, group_size=2)
+
+
+def arrivals(objective: str, batch, order_seed: int) -> list[Any]:
+    """Sources in an arrival order: trajectories (GRPO) or interleaved turns (OPD)."""
+    rng = random.Random(order_seed)
+    if objective == "grpo":
+        return rng.sample(batch, len(batch))
+    turns = {t.trajectory_id: turns_of(t, split_by_turn(t)) for t in batch}
+    return list(interleave(turns, rng))
+
+
+def make_learner(objective: str, model, loss_agg: str = "seq-sum"):
+    if objective == "grpo":
+        return StreamingGRPOLearner(model, loss_agg=loss_agg, max_open_groups=2)  # type: ignore[arg-type]
+    return StreamingOPDLearner(model)
+
+
+def stream_rank(learner, batch, sources, forced: dict[str, int] | None = None) -> list[str]:
+    """Run this rank's share of ``sources`` through ``learner``; returns its groups."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    specs = groups_of(batch)
+    assigner = GroupAssigner(world)
+    assigner.rank_of.update(forced or {})
+    learner.reducer = ProcessGroupReducer()
+    learner.begin_batch({})
+    mine: list[str] = []
+    for source in sources:
+        gid = source.group_id
+        owner, _ = assigner.assign(gid, predicted_tokens(source), specs[gid].size)
+        if owner != rank:
+            continue
+        if gid not in mine:
+            mine.append(gid)
+            learner.add_groups({gid: specs[gid]})
+        if hasattr(source, "index"):
+            learner.submit_turn(source)
+        else:
+            learner.submit(source)
+    return mine
+
+
+def gradient_case(objective: str, loss_agg: str, order_seed: int, forced=None) -> dict:
+    model = build_model("micro", seed=3, dtype=torch.float32)
+    batch = grpo_batch() if objective == "grpo" else opd_batch()
+    learner = make_learner(objective, model, loss_agg)
+    mine = stream_rank(learner, batch, arrivals(objective, batch, order_seed), forced)
+    result = learner.finish()
+    return {
+        "groups": mine,
+        "grads": {k: v.clone() for k, v in result.grad_objective.items()},
+        "objective": result.objective,
+        "n_groups": result.n_groups,
+        "n_scored_tokens": result.n_scored_tokens,
+    }
+
+
+def train_step(state, objective: str, batch, order_seed: int) -> dict[str, torch.Tensor]:
+    """One step; returns the reduced gradient of the objective (before clipping)."""
+    learner = make_learner(objective, state.model)
+    stream_rank(learner, batch, arrivals(objective, batch, order_seed))
+    result = learner.finish()
+    grads = {k: v.clone() for k, v in result.grad_objective.items()}
+    state.clip(MAX_GRAD_NORM)
+    state.apply()
+    return grads
+
+
+def optimizer_state(state) -> dict[str, dict[str, torch.Tensor]]:
+    """The sharded AdamW state gathered in full, by parameter name (every rank calls)."""
+    gathered = {}
+    for name, _, master_p in state.pairs:
+        entries = state.optimizer.state[master_p]
+        gathered[name] = {
+            k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
+            for k, v in entries.items()
+        }
+    return gathered
+
+
+def full_params(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().float().clone() for n, p in model.named_parameters()}
+
+
+def update_case(sharding: str, dtype: torch.dtype = torch.float32) -> dict:
+    """One GRPO step: the parameter update of ``sharding`` and the tracked state bytes."""
+    model = build_model("micro", seed=3, dtype=dtype)
+    before = full_params(model)
+    state = build_train_state(model, sharding=sharding, lr=LR)  # type: ignore[arg-type]
+    learner = make_learner("grpo", model)
+    stream_rank(learner, grpo_batch(), arrivals("grpo", grpo_batch(), 4))
+    learner.finish()
+    norm = state.clip(MAX_GRAD_NORM)
+    state.apply()
+    after = full_params(state.model)
+    return {"delta": {n: after[n] - before[n] for n in after}, "grad_norm": norm}
+
+
+def checkpoint_case(out: Path) -> dict:
+    """fsdp2: step on batch A, checkpoint, step on batch B (uninterrupted); then a fresh
+    state resumes from the checkpoint and steps on batch B."""
+    first, second = grpo_batch(21), grpo_batch(22)
+    model = build_model("micro", seed=3, dtype=torch.float32)
+    state = build_train_state(model, sharding="fsdp2", lr=LR)
+    train_step(state, "grpo", first, 1)
+    save_group_checkpoint(
+        out / "checkpoints",
+        step=1,
+        state=state,
+        policy_version=1,
+        sharding="fsdp2",
+        model_config=model.config,
+    )
+    at_checkpoint = full_params(state.model)
+    optimizer_at_checkpoint = optimizer_state(state)
+    next_grads = train_step(state, "grpo", second, 2)
+    uninterrupted = full_params(state.model)
+    fresh = build_model("micro", seed=99, dtype=torch.float32)
+    resumed_state = build_train_state(fresh, sharding="fsdp2", lr=LR)
+    record = load_group_checkpoint(
+        out / "checkpoints" / "step-000001",
+        module=resumed_state.checkpoint_module(),
+        optimizer=resumed_state.optimizer,
+    )
+    resumed_state.refresh_replica()
+    loaded = full_params(resumed_state.model)
+    resumed_grads = train_step(resumed_state, "grpo", second, 2)
+    return {
+        "at_checkpoint": at_checkpoint,
+        "optimizer_at_checkpoint": optimizer_at_checkpoint,
+        "next_grads": next_grads,
+        "resumed_grads": resumed_grads,
+        "loaded": loaded,
+        "uninterrupted": uninterrupted,
+        "resumed": full_params(resumed_state.model),
+        "record": record,
+    }
+
+
+def rank_main(rank: int, world: int, port: int, out_dir: str, cases: list[str]) -> None:
+    torch.set_num_threads(1)
+    init_process_group(
+        "gloo", rank=rank, world_size=world, address="127.0.0.1", port=port, timeout_s=60
+    )
+    out = Path(out_dir)
+    try:
+        for case in cases:
+            kind, *args = case.split(":")
+            if kind == "grad":
+                objective, loss_agg, order, forced = args
+                placed = {g.split("=")[0]: int(g.split("=")[1]) for g in forced.split(",") if g}
+                result = gradient_case(objective, loss_agg, int(order), placed)
+            elif kind == "update":
+                dtype = torch.bfloat16 if args[1] == "bf16" else torch.float32
+                result = update_case(args[0], dtype)
+            elif kind == "checkpoint":
+                result = checkpoint_case(out)
+            else:
+                raise ValueError(f"unknown case {case!r}")
+            torch.save(result, out / f"{case.replace(':', '_')}-rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()

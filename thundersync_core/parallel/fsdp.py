@@ -1,0 +1,278 @@
+"""Where a learner rank keeps its parameters, gradients and optimizer state.
+
+Two layouts, chosen by ``learner_sharding``:
+
+- ``replicated``: every rank holds the full model, the full reduced gradient and the full
+  AdamW state, and takes the identical step (the all-reduce gives every rank the same
+  gradient bitwise). The comparison baseline.
+- ``fsdp2``: a *compute replica* (full weights, float32 or bfloat16) runs the streamed
+  forward/backward, and a float32 *master* wrapped with ``fully_shard`` holds the
+  parameters, the reduced gradients and the optimizer state sharded (dim 0 over the ranks).
+  At the barrier each rank takes its shard of the reduced gradient, the norm is clipped
+  over the global (DTensor) norm, the sharded optimizer steps, and the replica is refreshed
+  from the shards one tensor at a time (an all-gather per tensor).
+
+Limitation of ``fsdp2``: the streaming executor's accumulators (the batch gradient, GRPO's
+open-group statistics, OPD's prompt ledgers) and the compute replica stay replicated. Ranks
+run sources at independent times, so a per-source forward cannot issue FSDP's all-gathers
+(that would force lockstep or deadlock). Against ``replicated`` the sharded layout saves
+(W-1)/W of the float32 master and of the two AdamW moments, 12 (W-1)/W bytes per
+parameter; it still costs, per rank, the replica (4 or 2 bytes per parameter) plus the
+float32 batch accumulator (4 bytes) plus the open groups' statistics.
+
+Publication: rank 0 writes the safetensors file one tensor at a time
+(``write_safetensors_streamed``). When the replica is float32 it already equals the gathered
+master and rank 0 writes it directly (no collective); with a bfloat16 replica each master
+tensor is gathered in turn (every rank calls) and written, so no rank ever holds a second
+full copy of the weights, only one extra tensor.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+Sharding = Literal["replicated", "fsdp2"]
+
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float64: "F64",
+}
+
+
+class TrainState(Protocol):
+    """What a learner rank steps: set up around ``model``, the replica the learner runs on."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def clip(self, max_grad_norm: float) -> float: ...
+    def apply(self) -> None: ...
+    def write_weights(self, path: Path) -> None: ...
+    def checkpoint_module(self) -> torch.nn.Module: ...
+    def refresh_replica(self) -> None: ...
+    def state_bytes(self) -> dict[str, int]: ...
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _nbytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if isinstance(t, DTensor) else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return _nbytes(
+        v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)
+    )
+
+
+class ReplicatedState:
+    """Full model, gradient and optimizer on every rank; identical steps."""
+
+    def __init__(self, model: torch.nn.Module, *, lr: float) -> None:
+        self.model = model
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def clip(self, max_grad_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm))
+
+    def apply(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def write_weights(self, path: Path) -> None:
+        if _rank() == 0:
+            write_safetensors_streamed(path, _named_detached(self.model))
+
+    def checkpoint_module(self) -> torch.nn.Module:
+        return self.model
+
+    def refresh_replica(self) -> None:
+        """The model is the master: nothing to refresh."""
+
+    def state_bytes(self) -> dict[str, int]:
+        params = list(self.model.parameters())
+        return {
+            "params": _nbytes(params),
+            "grads": _nbytes(p.grad for p in params),
+            "optimizer": _optimizer_bytes(self.optimizer),
+        }
+
+
+class ShardedState:
+    """A compute replica for streaming, and an FSDP2-sharded float32 master with the optimizer."""
+
+    def __init__(self, model: torch.nn.Module, *, lr: float, mesh: DeviceMesh) -> None:
+        self.model = model
+        self.mesh = mesh
+        # The deep copy briefly holds a second full copy; fully_shard frees all but the shard.
+        master = copy.deepcopy(model).to(torch.float32)
+        fully_shard(master, mesh=mesh)
+        self.master = master
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(master.parameters(), lr=lr)
+        replica = dict(model.named_parameters())
+        self.pairs = [(name, replica[name], p) for name, p in master.named_parameters()]
+        if len(self.pairs) != len(replica):
+            raise RuntimeError(
+                f"rank {_rank()}: the sharded master has {len(self.pairs)} parameters, the "
+                f"replica {len(replica)}"
+            )
+
+    def clip(self, max_grad_norm: float) -> float:
+        """Move this rank's shard of the reduced gradient to the master; clip globally."""
+        for name, replica_p, master_p in self.pairs:
+            if replica_p.grad is None:
+                raise RuntimeError(f"rank {_rank()}: parameter {name!r} has no reduced gradient")
+            assert isinstance(master_p, DTensor)
+            # Every rank holds the same reduced gradient: each keeps its own slice, no traffic.
+            shard = distribute_tensor(
+                replica_p.grad.to(torch.float32),
+                self.mesh,
+                master_p.placements,
+                src_data_rank=None,
+            )
+            if shard.to_local().shape != master_p.to_local().shape:
+                raise RuntimeError(
+                    f"rank {_rank()}: gradient shard of {name!r} is {tuple(shard.to_local().shape)}"
+                    f", the parameter shard {tuple(master_p.to_local().shape)}"
+                )
+            master_p.grad = shard
+            replica_p.grad = None
+        norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), max_grad_norm)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+    def apply(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.refresh_replica()
+
+    def refresh_replica(self) -> None:
+        """Copy the master into the replica, gathering one tensor at a time (every rank)."""
+        with torch.no_grad():
+            for _, replica_p, master_p in self.pairs:
+                assert isinstance(master_p, DTensor)
+                replica_p.copy_(master_p.full_tensor().to(replica_p.dtype))
+
+    def write_weights(self, path: Path) -> None:
+        same_dtype = all(r.dtype == torch.float32 for _, r, _ in self.pairs)
+        if same_dtype:
+            if _rank() == 0:
+                write_safetensors_streamed(path, _named_detached(self.model))
+            return
+        write_safetensors_streamed(path, self._gathered(), write=_rank() == 0)
+
+    def _gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, _, master_p in self.pairs:
+            assert isinstance(master_p, DTensor)
+            with torch.no_grad():
+                full = master_p.full_tensor()
+            yield name, full
+
+    def checkpoint_module(self) -> torch.nn.Module:
+        return self.master
+
+    def state_bytes(self) -> dict[str, int]:
+        master = [p for _, _, p in self.pairs]
+        replica = [r for _, r, _ in self.pairs]
+        return {
+            "params": _nbytes(master) + _nbytes(replica),
+            "grads": _nbytes(p.grad for p in master) + _nbytes(r.grad for r in replica),
+            "optimizer": _optimizer_bytes(self.optimizer),
+        }
+
+
+def build_train_state(
+    model: torch.nn.Module, *, sharding: Sharding, lr: float, device_type: str = "cpu"
+) -> TrainState:
+    """The rank's train state; ``fsdp2`` needs the process group to be initialised."""
+    if sharding == "replicated":
+        return ReplicatedState(model, lr=lr)
+    if sharding == "fsdp2":
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        mesh = init_device_mesh(device_type, (world,))
+        return ShardedState(model, lr=lr, mesh=mesh)
+    raise ValueError(f"learner_sharding must be 'replicated' or 'fsdp2', got {sharding!r}")
+
+
+def _named_detached(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, p in model.named_parameters():
+        yield name, p.detach()
+
+
+def write_safetensors_streamed(
+    path: Path, tensors: Iterable[tuple[str, torch.Tensor]], *, write: bool = True
+) -> None:
+    """Write a safetensors file one tensor at a time (memory: one tensor, not the model).
+
+    The header (names, shapes, offsets) precedes the data but is known only once every
+    tensor has been seen, and a gather yields tensors one by one; so the data is streamed to
+    a body file and the header is written in front of it at the end. ``write=False``
+    consumes the iterator without writing (the other ranks of a gather). The file lands
+    under a temporary name and is renamed when complete.
+    """
+    items = iter(tensors)
+    if not write:
+        for _ in items:
+            pass
+        return
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    header: dict[str, object] = {}
+    offset = 0
+    body = tmp.with_name(tmp.name + ".body")
+    with body.open("wb") as handle:
+        for name, tensor in items:
+            data = tensor.detach().contiguous().cpu()
+            if data.dtype not in _SAFETENSORS_DTYPES:
+                raise TypeError(f"{path}: tensor {name!r} has dtype {data.dtype}")
+            size = data.numel() * data.element_size()
+            header[name] = {
+                "dtype": _SAFETENSORS_DTYPES[data.dtype],
+                "shape": list(data.shape),
+                "data_offsets": [offset, offset + size],
+            }
+            if size:
+                handle.write(data.view(torch.uint8).reshape(-1).numpy().tobytes())
+            offset += size
+    header["__metadata__"] = {"format": "pt"}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    # The data section starts 8-byte aligned: pad the header with spaces.
+    encoded += b" " * (math.ceil(len(encoded) / 8) * 8 - len(encoded))
+    with tmp.open("wb") as out, body.open("rb") as data_in:
+        out.write(struct.pack("<Q", len(encoded)))
+        out.write(encoded)
+        while chunk := data_in.read(1 << 24):
+            out.write(chunk)
+    body.unlink()
+    tmp.replace(path)
+
+
+__all__ = [
+    "ReplicatedState",
+    "ShardedState",
+    "Sharding",
+    "TrainState",
+    "build_train_state",
+    "write_safetensors_streamed",
+]
