@@ -35,9 +35,17 @@ class RoleResources(_Strict):
     cores: tuple[int, ...] = ()
 
 
+class LearnerResources(RoleResources):
+    """The learner's resources in total; ``ranks`` > 1 splits them over a process group."""
+
+    #: Learner ranks (Ray actors in one torch.distributed group: gloo on CPU, NCCL on GPU).
+    #: ``num_cpus``, ``num_gpus`` and ``cores`` are divided evenly among them.
+    ranks: int = Field(default=1, ge=1)
+
+
 class ResourcesConfig(_Strict):
     rollout: RoleResources = RoleResources(cores=(0,))
-    learner: RoleResources = RoleResources(cores=(1,))
+    learner: LearnerResources = LearnerResources(cores=(1,))
     #: The OPD teacher is light next to generation; it shares the rollout core by default.
     teacher: RoleResources = RoleResources(num_cpus=0.0, cores=(0,))
     #: Devices counted for device-hours (0: the union of pinned cores, else num_cpus sums).
@@ -105,6 +113,13 @@ class TrainConfig(_Strict):
     #: Sync's learner: the same per-source executor as thundersync (the default, so the
     #: two differ only in schedule) or the padded whole-batch learner.
     sync_learner: Literal["per-source", "batched"] = "per-source"
+    #: With ``resources.learner.ranks`` > 1: ``replicated`` keeps the full model, gradient
+    #: and optimizer on every rank; ``fsdp2`` shards master weights, gradients and optimizer
+    #: state with FSDP2 beside a full compute replica (see ``parallel/fsdp.py``).
+    learner_sharding: Literal["replicated", "fsdp2"] = "replicated"
+    #: The learner's compute dtype; ``bfloat16`` (mixed precision: float32 accumulators,
+    #: master weights and optimizer) needs ``learner_sharding: fsdp2``.
+    learner_dtype: Literal["float32", "bfloat16"] = "float32"
     policy: PolicyConfig = PolicyConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
     tasks: TasksConfig = TasksConfig()
@@ -115,6 +130,13 @@ class TrainConfig(_Strict):
     def _lengths_fit(self) -> TrainConfig:
         if self.rollout.max_tokens_per_turn > self.rollout.max_total_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_total_tokens")
+        if self.learner_dtype == "bfloat16" and (
+            self.learner_sharding != "fsdp2" or self.resources.learner.ranks < 2
+        ):
+            raise ValueError(
+                "learner_dtype: bfloat16 keeps float32 master weights in the sharded learner; "
+                "it needs learner_sharding: fsdp2 and resources.learner.ranks >= 2"
+            )
         return self
 
     @property

@@ -349,9 +349,17 @@ def _start_roles(
         Path("/dev/shm" if Path("/dev/shm").is_dir() else out)
         / f"thundersync-{out.resolve().name}-{time.time_ns()}"
     )
-    learner = remote_role(LearnerWorker, res.learner).remote(
-        policy_dir, config, publish_dir=publish_dir, resume_from=checkpoint
-    )
+    if res.learner.ranks > 1:
+        from thundersync_core.runtime.learner_group import LearnerGroup  # noqa: PLC0415
+
+        # The facade only routes sources; the ranks it starts hold the learner's resources.
+        learner = remote_role(
+            LearnerGroup, res.learner.model_copy(update={"num_cpus": 0.0, "num_gpus": 0.0})
+        ).remote(policy_dir, config, publish_dir=publish_dir, resume_from=checkpoint)
+    else:
+        learner = remote_role(LearnerWorker, res.learner).remote(
+            policy_dir, config, publish_dir=publish_dir, resume_from=checkpoint
+        )
     rollout = remote_role(RolloutWorker, res.rollout, max_concurrency=2).remote(
         engine_dir,
         pool,

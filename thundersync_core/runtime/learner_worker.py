@@ -75,10 +75,12 @@ class LearnerWorker:
         self.config = config
         self.model = load_model(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr)
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr
+        )
         version = 0
         if resume_from is not None:
-            state = load_checkpoint(resume_from, model=self.model, optimizer=self.optimizer)
+            state = _load_any_checkpoint(Path(resume_from), self.model, self.optimizer)
             version = int(state["policy_version"])
         self.learner = build_learner(config, self.model, version)
         self.publish_dir = Path(publish_dir)
@@ -172,13 +174,10 @@ class LearnerWorker:
             raise LearnerRefusal(f"step {step}: {exc}") from None
         if not math.isfinite(result.objective):
             raise LearnerRefusal(f"step {step}: the batch loss is {result.objective} (not finite)")
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-        )
+        grad_norm = self._clip()
         if not math.isfinite(grad_norm):
             raise LearnerRefusal(f"step {step}: the gradient norm is {grad_norm} (not finite)")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._apply()
         self.learner.policy_version += 1
         learner_done_s = time.time()
         self.intervals.append((t0, learner_done_s))
@@ -206,13 +205,26 @@ class LearnerWorker:
             "weights": str(path),
         }
 
-    def _write_weights(self) -> Path:
-        version = self.learner.policy_version
+    def _clip(self) -> float:
+        """Clip the barrier's gradient by its global norm; returns the norm before clipping."""
+        return float(
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        )
+
+    def _apply(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _save_weights(self, path: Path) -> None:
         tensors = {n: p.detach().contiguous() for n, p in self.model.named_parameters()}
-        path = self.publish_dir / f"policy-v{version:06d}.safetensors"
         tmp = path.with_suffix(".partial")
         save_file(tensors, str(tmp))
         tmp.replace(path)
+
+    def _write_weights(self) -> Path:
+        version = self.learner.policy_version
+        path = self.publish_dir / f"policy-v{version:06d}.safetensors"
+        self._save_weights(path)
         # Keep two versions: an in-flight update may still be reading the previous one.
         for old in sorted(self.publish_dir.glob("policy-v*.safetensors"))[:-2]:
             old.unlink(missing_ok=True)
@@ -234,3 +246,17 @@ class LearnerWorker:
         )
         self.tokenizer.save_pretrained(path / "model")  # type: ignore[attr-defined]
         return str(path)
+
+
+def _load_any_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """A one-process checkpoint, or a learner group's (DCP, written at any rank count)."""
+    from thundersync_core.parallel.dcp import (  # noqa: PLC0415 - torch.distributed on demand
+        is_group_checkpoint,
+        load_group_checkpoint,
+    )
+
+    if is_group_checkpoint(path):
+        return load_group_checkpoint(path, module=model, optimizer=optimizer)
+    return load_checkpoint(path, model=model, optimizer=optimizer)  # type: ignore[arg-type]

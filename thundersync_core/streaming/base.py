@@ -250,6 +250,10 @@ class LearnerBase:
     def counters_so_far(self) -> dict[str, int]:
         return self._counters()
 
+    def accumulator_bytes(self) -> int:
+        """Bytes of the batch gradient accumulator (one per trainable parameter)."""
+        return sum(acc.numel() * acc.element_size() for acc in self._grad_sum)
+
     # -- checks ----------------------------------------------------------------------------
     def _check_complete(self) -> None:
         if not self._in_batch:

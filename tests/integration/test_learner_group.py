@@ -1,0 +1,106 @@
+"""The learner group through Ray: two rank actors in a gloo group take the one-process step.
+
+Two ``LearnerRank`` actors form the process group behind a ``LearnerGroup`` facade (the
+actor train.py starts when ``resources.learner.ranks`` > 1); the schedule's calls go to the
+facade, which routes groups to ranks. The one-process ``LearnerWorker`` runs the same
+batch. Why a pass cannot be chance: the loss and the gradient norm are batch-global (a rank
+normalising alone would be off by its share of the groups), and the published weights are
+compared entry by entry after an AdamW step. The group's DCP checkpoint then resumes in the
+one-process learner with the group's weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import random_batch, reference_grad_j
+from thundersync_core.config import LearnerResources, ResourcesConfig, TrainConfig
+from thundersync_core.policy.io import load_model
+from thundersync_core.runtime.learner_group import LearnerGroup
+from thundersync_core.runtime.learner_worker import LearnerWorker
+from thundersync_core.runtime.placement import remote_role
+from thundersync_core.streaming import groups_of
+
+pytestmark = pytest.mark.integration
+
+LR = 5e-2  # large enough that float32 storage rounding stays below 1e-5 of the update
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def config_for(ranks: int) -> TrainConfig:
+    learner = LearnerResources(num_cpus=1.0, cores=(), ranks=ranks)
+    return TrainConfig(
+        objective="grpo",
+        schedule="thundersync",
+        loss_agg="seq-sum",
+        lr=LR,
+        max_open_groups=2,
+        resources=ResourcesConfig(learner=learner, learner_peak_flops=1e9),
+    )
+
+
+def test_two_rank_group_takes_the_single_process_step(ray_session, micro_model_dir, tmp_path):
+    ray = ray_session
+    batch = random_batch(seed=17, vocab=1024, n_groups=3, group_size=3)
+    groups = {g: (spec.prompt_ids, spec.size) for g, spec in groups_of(batch).items()}
+
+    single = LearnerWorker(micro_model_dir, config_for(1), publish_dir=tmp_path / "single")
+    single.begin(groups)
+    for traj in batch:
+        single.submit(traj, None)
+    expected = single.step(0)
+
+    group_role = config_for(2).resources.learner.model_copy(update={"num_cpus": 0.0})
+    group = remote_role(LearnerGroup, group_role).remote(
+        micro_model_dir, config_for(2), publish_dir=tmp_path / "group", timeout_s=60.0
+    )
+    assert ray.get(group.begin.remote(groups)) == 0
+    for traj in reversed(batch):  # another arrival order: the sum is order-free
+        group.submit.remote(traj, None)
+    got = ray.get(group.step.remote(0), timeout=120)
+
+    assert got["policy_version"] == expected["policy_version"] == 1
+    assert got["n_sources"] == expected["n_sources"] == len(batch)
+    assert got["counters"]["groups_closed"] == 3
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+    before = load_file(str(micro_model_dir / "model.safetensors"))
+    after_single = load_file(expected["weights"])
+    after_group = load_file(got["weights"])
+    # AdamW's first step is lr * g / (|g| + eps), about lr * sign(g): an entry whose gradient
+    # is within rounding (~1e-7 of the largest) of zero may move either way, so the updates
+    # are compared where the plain reference gradient is clear of zero, which must be
+    # nearly every entry.
+    _, reference = reference_grad_j(load_model(micro_model_dir), batch, "seq-sum")
+    largest = max(float(g.abs().max()) for g in reference.values())
+    compared = total = 0
+    for name, grad in reference.items():
+        clear = grad.abs() > 1e-4 * largest
+        update_single = (after_single[name] - before[name])[clear]
+        update_group = (after_group[name] - before[name])[clear]
+        assert torch.allclose(update_group, update_single, rtol=0, atol=1e-5 * LR), name
+        compared += int(clear.sum())
+        total += grad.numel()
+    assert compared / total > 0.95
+
+    # The group's checkpoint (DCP) resumes in the one-process learner with its weights.
+    path = ray.get(group.save_checkpoint.remote(str(tmp_path / "ckpt"), 1, {}), timeout=120)
+    resumed = LearnerWorker(
+        micro_model_dir, config_for(1), publish_dir=tmp_path / "resumed", resume_from=path
+    )
+    assert resumed.version() == 1
+    for name, param in resumed.model.named_parameters():
+        assert torch.equal(param.detach(), after_group[name]), name
+    ray.kill(group)

@@ -1,0 +1,318 @@
+"""The learner role over W ranks: Ray actors forming one torch.distributed process group.
+
+``LearnerGroup`` is what the schedule drivers hold when ``resources.learner.ranks`` > 1: it
+answers the same calls as ``LearnerWorker`` (begin, submit, submit_turn, submit_scored,
+step, weights_and_version, save_checkpoint, version). It routes each group to a rank when
+the group's first source arrives (``GroupAssigner``: least predicted work, deterministic in
+the arrival order) and forwards every later source of the group there, without waiting.
+Each ``LearnerRank`` streams its own sources through the single-device learner; at
+``step`` every rank reaches the barrier, whose reducer sums the unscaled accumulators and
+the normalising scalars over the group (exact: see ``parallel/data_parallel.py``), clips by
+the global norm and takes one optimizer step (``parallel/fsdp.py``: replicated or FSDP2).
+
+Rendezvous: the group asks rank 0 for a free port on its node; when every rank sits on one
+node the address is 127.0.0.1, otherwise rank 0's node IP. The backend is NCCL when the
+ranks hold GPUs, gloo otherwise. Every collective times out after ``COLLECTIVE_TIMEOUT_S``,
+so a rank that dies or refuses inside the barrier fails the step instead of hanging it.
+
+Limitation: a refusal raised on one rank *inside* the barrier (after the others entered
+the reduction) surfaces on the others only at the timeout; refusals recorded while sources
+streamed in are checked on every rank before any rank enters the barrier.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thundersync_core.batch import Trajectory, Turn
+from thundersync_core.config import TrainConfig
+from thundersync_core.metrics import FlopLedger, measure_peak_flops
+from thundersync_core.parallel.data_parallel import (
+    GroupAssigner,
+    ProcessGroupReducer,
+    init_process_group,
+    predicted_tokens,
+)
+from thundersync_core.policy.io import load_model, load_tokenizer
+from thundersync_core.runtime.learner_worker import LearnerWorker, build_learner
+from thundersync_core.runtime.placement import pin_to_cores
+from thundersync_core.streaming.base import LearnerRefusal
+
+#: A barrier waits for the slowest rank's queued sources; generous, but finite.
+COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+def rank_cores(cores: tuple[int, ...], rank: int, world_size: int) -> tuple[int, ...]:
+    """Rank ``rank``'s share of the learner's pinned cores (all of them when too few)."""
+    if len(cores) < world_size:
+        return cores
+    return cores[rank::world_size]
+
+
+class LearnerRank(LearnerWorker):
+    """One rank: the single-device learner, a share of the barrier, a shard of the state.
+
+    Built in two calls, because the rendezvous address is known only once rank 0 is placed:
+    the constructor records the arguments, ``setup`` joins the group and loads the policy.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        config: TrainConfig,
+        *,
+        rank: int,
+        world_size: int,
+        publish_dir: Path,
+        timeout_s: float = COLLECTIVE_TIMEOUT_S,
+    ) -> None:
+        # LearnerWorker.__init__ would build the optimizer before the process group
+        # exists; ``setup`` sets the same attributes once it does.
+        self.model_dir = Path(model_dir)
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.publish_dir = Path(publish_dir)
+        self.timeout_s = timeout_s
+
+    def node_ip(self) -> str:
+        import ray  # noqa: PLC0415
+
+        return str(ray.util.get_node_ip_address())
+
+    def free_port(self, address: str) -> int:
+        with socket.socket() as sock:
+            sock.bind((address, 0))
+            return int(sock.getsockname()[1])
+
+    def setup(self, address: str, port: int, resume_from: Path | None) -> int:
+        """Join the process group, load the policy (and checkpoint); returns the version."""
+        from thundersync_core.parallel.dcp import load_group_checkpoint  # noqa: PLC0415
+        from thundersync_core.parallel.fsdp import build_train_state  # noqa: PLC0415
+
+        res = self.config.resources.learner
+        pin_to_cores(rank_cores(res.cores, self.rank, self.world_size))
+        torch.manual_seed(self.config.seed)
+        on_gpu = res.num_gpus > 0
+        init_process_group(
+            "nccl" if on_gpu else "gloo",
+            rank=self.rank,
+            world_size=self.world_size,
+            address=address,
+            port=port,
+            timeout_s=self.timeout_s,
+        )
+        dtype = torch.bfloat16 if self.config.learner_dtype == "bfloat16" else torch.float32
+        model = load_model(self.model_dir)
+        # transformers wraps .to() in a decorator that mypy cannot see through.
+        model.to(dtype)  # type: ignore[arg-type]
+        if on_gpu:
+            model.to("cuda")  # type: ignore[arg-type]
+        self.model = model
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.state = build_train_state(
+            model,
+            sharding=self.config.learner_sharding,
+            lr=self.config.lr,
+            device_type="cuda" if on_gpu else "cpu",
+        )
+        self.optimizer = self.state.optimizer
+        version = 0
+        if resume_from is not None:
+            record = load_group_checkpoint(
+                Path(resume_from), module=self.state.checkpoint_module(), optimizer=self.optimizer
+            )
+            self.state.refresh_replica()
+            version = int(record["policy_version"])
+        self.learner = build_learner(self.config, model, version)
+        self.learner.reducer = ProcessGroupReducer()
+        self.publish_dir.mkdir(parents=True, exist_ok=True)
+        self.ledger = FlopLedger(sum(p.numel() for p in model.parameters()))
+        self.peak_flops = self.config.resources.learner_peak_flops or measure_peak_flops()
+        self._reset_step()
+        return version
+
+    def add_group(self, group_id: str, spec: tuple[tuple[int, ...], int]) -> None:
+        from thundersync_core.streaming.base import GroupSpec  # noqa: PLC0415
+
+        self._guarded(lambda s: self.learner.add_groups({group_id: GroupSpec(*s)}), spec)
+
+    def refusal(self) -> str | None:
+        """The first refusal recorded while sources streamed in (checked before the barrier)."""
+        return self._error
+
+    def _clip(self) -> float:
+        return self.state.clip(self.config.max_grad_norm)
+
+    def _apply(self) -> None:
+        self.state.apply()
+
+    def _save_weights(self, path: Path) -> None:
+        # Every rank calls (a bfloat16 replica publishes the gathered float32 master).
+        self.state.write_weights(path)
+
+    def save_checkpoint(self, root: str, step: int, extra: dict[str, Any]) -> str:
+        from thundersync_core.parallel.dcp import save_group_checkpoint  # noqa: PLC0415
+
+        path = save_group_checkpoint(
+            Path(root),
+            step=step,
+            state=self.state,
+            policy_version=self.learner.policy_version,
+            sharding=self.config.learner_sharding,
+            model_config=self.model.config,
+            extra=extra,
+        )
+        if self.rank == 0:
+            self.tokenizer.save_pretrained(path / "model")  # type: ignore[attr-defined]
+        return str(path)
+
+    def state_bytes(self) -> dict[str, int]:
+        return self.state.state_bytes() | {"accumulators": self.learner.accumulator_bytes()}
+
+
+class LearnerGroup:
+    """The learner role's facade over W ``LearnerRank`` actors (same calls as LearnerWorker)."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        config: TrainConfig,
+        *,
+        publish_dir: Path,
+        resume_from: Path | None = None,
+        timeout_s: float = COLLECTIVE_TIMEOUT_S,
+    ) -> None:
+        import ray  # noqa: PLC0415
+
+        res = config.resources.learner
+        world = res.ranks
+        rank_actor = ray.remote(LearnerRank).options(
+            num_cpus=res.num_cpus / world, num_gpus=res.num_gpus / world
+        )
+        self.ranks: list[Any] = [
+            rank_actor.remote(
+                model_dir,
+                config,
+                rank=r,
+                world_size=world,
+                publish_dir=publish_dir,
+                timeout_s=timeout_s,
+            )
+            for r in range(world)
+        ]
+        nodes = ray.get([r.node_ip.remote() for r in self.ranks])
+        address = "127.0.0.1" if len(set(nodes)) == 1 else nodes[0]
+        port = ray.get(self.ranks[0].free_port.remote(address))
+        versions = _get_all([r.setup.remote(address, port, resume_from) for r in self.ranks])
+        if len(set(versions)) != 1:
+            raise LearnerRefusal(f"learner ranks resumed at different versions: {versions}")
+        self.assigner = GroupAssigner(world)
+        self._groups: dict[str, tuple[tuple[int, ...], int]] = {}
+        self._error: str | None = None
+
+    def version(self) -> int:
+        import ray  # noqa: PLC0415
+
+        return int(ray.get(self.ranks[0].version.remote()))
+
+    def begin(self, groups: dict[str, tuple[tuple[int, ...], int]]) -> int:
+        self.assigner.reset()
+        self._groups = dict(groups)
+        self._error = None
+        versions = _get_all([r.begin.remote({}) for r in self.ranks])
+        return int(versions[0])
+
+    def submit(self, traj: Trajectory, release_s: float | None = None) -> None:
+        rank = self._route(traj)
+        if rank is not None:
+            rank.submit.remote(traj, release_s)
+
+    def submit_turn(self, scored: tuple[Turn, float]) -> None:
+        rank = self._route(scored[0])
+        if rank is not None:
+            rank.submit_turn.remote(scored)
+
+    def submit_scored(self, scored: tuple[Trajectory, float]) -> None:
+        self.submit(*scored)
+
+    def _route(self, source: Trajectory | Turn) -> Any:
+        """The rank actor holding the source's group (chosen now for a new group)."""
+        if self._error is not None:
+            return None
+        spec = self._groups.get(source.group_id)
+        if spec is None:
+            self._error = (
+                f"trajectory {source.trajectory_id!r}: group {source.group_id!r} is not "
+                "registered in this batch"
+            )
+            raise LearnerRefusal(self._error)
+        rank, new = self.assigner.assign(source.group_id, predicted_tokens(source), spec[1])
+        if new:
+            self.ranks[rank].add_group.remote(source.group_id, spec)
+        return self.ranks[rank]
+
+    def step(self, step: int) -> dict[str, Any]:
+        import ray  # noqa: PLC0415
+
+        if self._error is not None:
+            raise LearnerRefusal(f"step {step}: {self._error}")
+        unrouted = sorted(set(self._groups) - set(self.assigner.rank_of))
+        if unrouted:
+            raise LearnerRefusal(
+                f"step {step}: not safe to step: {len(unrouted)} group(s) received no source: "
+                f"{unrouted[:5]}"
+            )
+        # Refusals recorded while streaming are raised before any rank enters the barrier.
+        for rank, error in enumerate(ray.get([r.refusal.remote() for r in self.ranks])):
+            if error is not None:
+                raise LearnerRefusal(f"step {step}: rank {rank}: {error}")
+        return merge_rank_metrics(_get_all([r.step.remote(step) for r in self.ranks]))
+
+    def weights_and_version(self) -> tuple[str, int]:
+        path, version = _get_all([r.weights_and_version.remote() for r in self.ranks])[0]
+        return str(path), int(version)
+
+    def save_checkpoint(self, root: str, step: int, extra: dict[str, Any]) -> str:
+        return str(_get_all([r.save_checkpoint.remote(root, step, extra) for r in self.ranks])[0])
+
+    def state_bytes(self) -> list[dict[str, int]]:
+        return _get_all([r.state_bytes.remote() for r in self.ranks])
+
+
+def merge_rank_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """One step record from W ranks: global numbers from rank 0 (the reduction made them
+    equal), busy intervals and sources from every rank, work summed, memory per rank."""
+    merged = dict(per_rank[0])
+    for key in ("intervals", "releases", "services", "token_versions"):
+        merged[key] = [item for record in per_rank for item in record[key]]
+    merged["flops"] = sum(record["flops"] for record in per_rank)
+    counters: dict[str, int] = {}
+    for record in per_rank:
+        for name, value in record["counters"].items():
+            counters[name] = counters.get(name, 0) + value
+    merged["counters"] = counters
+    merged["peak_memory_bytes"] = max(record["peak_memory_bytes"] for record in per_rank)
+    merged["peak_memory_per_rank_bytes"] = [record["peak_memory_bytes"] for record in per_rank]
+    merged["rank_services"] = [record["services"] for record in per_rank]
+    merged["learner_done_s"] = max(record["learner_done_s"] for record in per_rank)
+    return merged
+
+
+def _get_all(refs: list[Any]) -> list[Any]:
+    """Results in order; the first rank to fail raises at once (the others may be blocked
+    in a collective waiting for it)."""
+    import ray  # noqa: PLC0415
+
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done[0])
+    return ray.get(refs)
+
+
+__all__ = ["COLLECTIVE_TIMEOUT_S", "LearnerGroup", "LearnerRank", "merge_rank_metrics"]
