@@ -71,6 +71,16 @@ class Validation(_Strict):
     timeout_s: float = Field(120.0, gt=0)
 
 
+class WarmStartPool(_Strict):
+    """Generated terminal tasks for the supervised warm start only: never trained on with RL
+    and never evaluated. A task whose instruction equals a train, dev or evaluation task's
+    is dropped, so the warm start cannot see a dev instance."""
+
+    n_tasks: int = Field(ge=1)
+    #: toyterm families to generate (empty: all).
+    families: list[str] = Field(default_factory=list)
+
+
 class PrepConfig(_Strict):
     seed: int = 0
     dev_fraction: float = Field(0.05, ge=0.0, lt=1.0)
@@ -83,6 +93,7 @@ class PrepConfig(_Strict):
     terminal_eval_dir: Path | None = None
     filters: Filters = Field(default_factory=Filters)
     validation: Validation = Field(default_factory=Validation)
+    warm_start_pool: WarmStartPool | None = None
 
 
 def _resolve(path: Path | None, base: Path) -> Path | None:

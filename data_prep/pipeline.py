@@ -8,6 +8,7 @@ what the previous one kept (``StageLog.check``). Outputs, in ``out``:
     swe/train.parquet, swe/dev.parquet            SWE-smith-schema records (+ split, group)
     terminal/train.parquet, terminal/dev.parquet  terminal task records (path -> tasks/<id>)
     tasks/<task_id>/                               the kept terminal task folders
+    terminal/warmstart.parquet, warmstart/<id>/    warm-start-only tasks (``warm_start_pool``)
     repos/<repo>/<base_commit>/                    clean snapshots of generated repositories
     quarantine.jsonl, filtered.jsonl               every record not kept, with its reason
     manifest.json                                  sources, stage table, parameters, summary
@@ -273,6 +274,53 @@ def write_terminal(records: list[TerminalTaskRecord], config: PrepConfig, out: P
     return dict(Counter(x["split"] for x in rows))
 
 
+# Generator seed of the warm-start pool: far from any seed a terminal source uses.
+WARM_START_SEED_OFFSET = 1_000_003
+
+
+def write_warm_start_pool(
+    config: PrepConfig, kept: list[TerminalTaskRecord], scratch: Path, out: Path
+) -> dict[str, int] | None:
+    """Generate the warm-start-only tasks, drop any that repeats a kept or evaluation task's
+    instruction, and write them to ``warmstart/`` and ``terminal/warmstart.parquet``.
+
+    They are not validated here: the warm start runs every reference solution and keeps
+    only the episodes its grader passes.
+    """
+    pool = config.warm_start_pool
+    if pool is None:
+        return None
+    from data_prep.generators import toyterm  # noqa: PLC0415
+
+    target = scratch / "warmstart"
+    toyterm.generate(
+        target, n_tasks=pool.n_tasks, seed=config.seed + WARM_START_SEED_OFFSET,
+        families=pool.families,
+    )  # fmt: skip
+    records, quarantined = load_task_pool(target, "warmstart")
+    taken = {filters.normalise_instruction(r.instruction) for r in kept}
+    if config.terminal_eval_dir is not None:
+        evals, _ = load_task_pool(config.terminal_eval_dir, "eval")
+        taken |= {filters.normalise_instruction(r.instruction) for r in evals}
+    fresh = [r for r in records if filters.normalise_instruction(r.instruction) not in taken]
+    rows = []
+    for r in sorted(fresh, key=lambda r: r.task_id):
+        shutil.copytree(r.path, out / "warmstart" / r.task_id)
+        rows.append({
+            "task_id": r.task_id, "source": r.source, "family": r.family, "layout": r.layout,
+            "instruction": r.instruction, "path": f"warmstart/{r.task_id}",
+            "difficulty": r.difficulty, "content_digest": r.content_digest,
+            "group": r.family, "split": "warmstart",
+        })  # fmt: skip
+    _write_parquet(rows, TERMINAL_SCHEMA, out / TERMINAL / "warmstart.parquet")
+    return {
+        "generated": len(records) + len(quarantined),
+        "kept": len(rows),
+        "repeats_a_kept_or_eval_task": len(records) - len(fresh),
+        "malformed": len(quarantined),
+    }
+
+
 def _write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
@@ -295,6 +343,7 @@ def prepare(config: PrepConfig, out: Path) -> dict[str, Any]:
         terminal = filter_terminal(terminal, config, log)
         log.check()
         splits = {SWE: write_swe(swe, config, out), TERMINAL: write_terminal(terminal, config, out)}
+        warm = write_warm_start_pool(config, terminal, Path(scratch), out)
     _write_jsonl(
         [vars(q) for q in sorted(log.quarantine, key=lambda q: (q.source, q.record_id))],
         out / "quarantine.jsonl",
@@ -304,6 +353,7 @@ def prepare(config: PrepConfig, out: Path) -> dict[str, Any]:
         "sources": swe_sources + terminal_sources,
         "stages": log.table(),
         "splits": splits,
+        **({"warm_start_pool": warm} if warm is not None else {}),
         "parameters": config.model_dump(mode="json"),
         "quarantine": dict(
             sorted(Counter(f"{q.source}: {q.reason.split(':')[0]}" for q in log.quarantine).items())

@@ -157,10 +157,10 @@ def compare(
     base = schedules.get(baseline)
     for times in schedules.values():
         times["speedup_interpolated"] = _ratio(
-            base and base["interpolated_dh"], times["interpolated_dh"]
+            base["interpolated_dh"] if base else None, times["interpolated_dh"]
         )
         times["speedup_first_checkpoint"] = _ratio(
-            base and base["first_checkpoint_dh"], times["first_checkpoint_dh"]
+            base["first_checkpoint_dh"] if base else None, times["first_checkpoint_dh"]
         )
     return {
         "metric": metric,

@@ -28,6 +28,7 @@ from eval.io import read_jsonl
 
 __all__ = [
     "WALLTIME_FIELDS",
+    "plot_predicted_vs_measured",
     "plot_score_vs_device_hours",
     "plot_walltime_breakdown",
     "walltime_breakdown",
@@ -72,6 +73,41 @@ def plot_score_vs_device_hours(
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} vs device-hours")
     ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_predicted_vs_measured(
+    points: Sequence[Mapping[str, Any]], path: Path, *, label: str = "point"
+) -> Path:
+    """Measured against trace-predicted sync/thundersync speedup, one marker per point.
+
+    ``points`` carry ``predicted_speedup``, ``measured_speedup``, ``balance_rho`` and
+    ``value`` (the swept setting, written beside its marker); the diagonal is a perfect
+    prediction and the title gives the mean absolute relative error.
+    """
+    if not points:
+        raise ValueError("plot_predicted_vs_measured: no points")
+    plt = _pyplot()
+    predicted = [float(p["predicted_speedup"]) for p in points]
+    measured = [float(p["measured_speedup"]) for p in points]
+    mae = statistics.mean(abs(m - q) / q for m, q in zip(measured, predicted, strict=True))
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    scatter = ax.scatter(predicted, measured, c=[float(p["balance_rho"]) for p in points])
+    fig.colorbar(scatter, ax=ax, label="balance rho (learner work / rollout stage)")
+    for point, x, y in zip(points, predicted, measured, strict=True):
+        ax.annotate(
+            f"{label}={point['value']}",
+            (x, y),
+            fontsize="x-small",
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
+    low, high = min(predicted + measured + [1.0]), max(predicted + measured) * 1.05
+    ax.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("predicted speedup (release trace)")
+    ax.set_ylabel("measured speedup (sync / thundersync step)")
+    ax.set_title(f"trace prediction vs measured: MAE {mae:.1%}")
     fig.tight_layout()
     return _save(fig, path)
 

@@ -13,6 +13,12 @@ Printed and written (``--out``): per schedule the step wall times, learner idle 
 and tails; the median sync/thundersync step-time ratio; thundersync's tail as a fraction of
 sync's post-rollout learner time; and the performance model's prediction from each
 thundersync step's release trace, with its error against the measured ratio.
+
+A sweep (``run_sweep``) keeps the roles up and measures several points of one setting that
+only the drivers read (``rollout.max_live_episodes``: how many episodes roll out at once,
+which moves the rollout stage's length and so the rollout/learner balance); per point it
+reports the measured and the trace-predicted speedup, and over all points the mean absolute
+error of the predictions.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +35,37 @@ from thundersync_core.config import TrainConfig
 from thundersync_core.schedules.base import StepOutcome
 
 BENCH_SCHEDULES = ("sync", "thundersync")
+#: Settings a sweep may vary without restarting a role (only the drivers read them).
+SWEEPABLE = ("rollout.max_live_episodes",)
 
 
-def run_bench(config: TrainConfig, out_dir: Path, *, steps: int) -> dict[str, Any]:
+@dataclass
+class BenchRig:
+    """The roles a bench runs on: one rollout worker, one learner per schedule."""
+
+    rollout: Any
+    teacher: Any | None
+    learners: dict[str, Any]
+    task_ids: list[str]
+    groups: Callable[..., Any]
+
+    def close(self) -> None:
+        import ray  # noqa: PLC0415
+
+        for actor in [self.rollout, self.teacher, *self.learners.values()]:
+            if actor is not None:
+                ray.kill(actor)
+
+
+def start_rig(config: TrainConfig, out_dir: Path) -> BenchRig:
     import ray  # noqa: PLC0415
 
     from thundersync_core.runtime.learner_worker import LearnerWorker  # noqa: PLC0415
     from thundersync_core.runtime.placement import remote_role, start_ray  # noqa: PLC0415
     from thundersync_core.runtime.rollout_worker import RolloutWorker  # noqa: PLC0415
     from thundersync_core.runtime.teacher_worker import TeacherWorker  # noqa: PLC0415
-    from thundersync_core.schedules import DRIVERS, RunContext  # noqa: PLC0415
-    from thundersync_core.schedules.base import Roles, group_lookup  # noqa: PLC0415
-    from thundersync_core.train import load_pool, plan_step, prepare_policies  # noqa: PLC0415
+    from thundersync_core.schedules.base import group_lookup  # noqa: PLC0415
+    from thundersync_core.train import load_pool, prepare_policies  # noqa: PLC0415
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pool = load_pool(config.tasks.prep_dir, "train", config.tasks.families)
@@ -65,37 +92,107 @@ def run_bench(config: TrainConfig, out_dir: Path, *, steps: int) -> dict[str, An
         for s in BENCH_SCHEDULES
     }
     ray.get([rollout.version.remote(), *(lrn.version.remote() for lrn in learners.values())])
-    task_ids = list(pool)
-    groups = group_lookup(rollout)
+    return BenchRig(rollout, teacher, learners, list(pool), group_lookup(rollout))
+
+
+def bench_steps(
+    rig: BenchRig, config: TrainConfig, steps: Sequence[int], label: str = ""
+) -> dict[str, list[StepOutcome]]:
+    """Measure ``steps`` (data-cursor positions) under both schedules, alternating."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.schedules import DRIVERS, RunContext  # noqa: PLC0415
+    from thundersync_core.schedules.base import Roles  # noqa: PLC0415
+    from thundersync_core.train import plan_step  # noqa: PLC0415
 
     outcomes: dict[str, list[StepOutcome]] = {s: [] for s in BENCH_SCHEDULES}
+    for n, step in enumerate(steps):
+        order = BENCH_SCHEDULES if n % 2 == 0 else BENCH_SCHEDULES[::-1]
+        for schedule in order:
+            learner = rig.learners[schedule]
+            ray.get(rig.rollout.load_weights.remote(*ray.get(learner.weights_and_version.remote())))
+            ctx = RunContext(
+                config.model_copy(update={"schedule": schedule}),
+                Roles(rig.rollout, learner, rig.teacher),
+                lambda k: plan_step(config, rig.task_ids, k),
+                rig.groups,
+                _collector(outcomes[schedule]),
+            )
+            DRIVERS[schedule](ctx, step, step + 1)
+            line = outcomes[schedule][-1].timeline.summary()
+            print(
+                f"[bench{label} step {step}] {schedule:<11} wall {line['step_wall_s']:.2f}s "
+                f"idle {line['learner_idle_fraction']:.0%} tail {line['learner_tail_s']:.2f}s",
+                flush=True,
+            )
+    return outcomes
+
+
+def run_bench(config: TrainConfig, out_dir: Path, *, steps: int) -> dict[str, Any]:
+    rig = start_rig(config, out_dir)
     try:
-        for step in range(steps):
-            order = BENCH_SCHEDULES if step % 2 == 0 else BENCH_SCHEDULES[::-1]
-            for schedule in order:
-                learner = learners[schedule]
-                ray.get(rollout.load_weights.remote(*ray.get(learner.weights_and_version.remote())))
-                ctx = RunContext(
-                    config.model_copy(update={"schedule": schedule}),
-                    Roles(rollout, learner, teacher),
-                    lambda k: plan_step(config, task_ids, k),
-                    groups,
-                    _collector(outcomes[schedule]),
-                )
-                DRIVERS[schedule](ctx, step, step + 1)
-                line = outcomes[schedule][-1].timeline.summary()
-                print(
-                    f"[bench step {step}] {schedule:<11} wall {line['step_wall_s']:.2f}s "
-                    f"idle {line['learner_idle_fraction']:.0%} tail {line['learner_tail_s']:.2f}s",
-                    flush=True,
-                )
+        outcomes = bench_steps(rig, config, range(steps))
     finally:
-        for actor in [rollout, teacher, *learners.values()]:
-            if actor is not None:
-                ray.kill(actor)
+        rig.close()
     report = bench_report(config, outcomes)
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def run_sweep(
+    config: TrainConfig, out_dir: Path, *, steps: int, key: str, values: Sequence[int]
+) -> dict[str, Any]:
+    """One bench per value of ``key``, on the same roles; predicted vs measured per point."""
+    if key not in SWEEPABLE:
+        raise ValueError(
+            f"--sweep: {key!r} cannot be swept without restarting roles; "
+            f"sweepable: {', '.join(SWEEPABLE)}"
+        )
+    if not values:
+        raise ValueError("--sweep: give at least one value")
+    section, field = key.split(".")
+    rig = start_rig(config, out_dir)
+    points = []
+    try:
+        cursor = 0
+        for value in values:
+            sub = getattr(config, section).model_copy(update={field: value})
+            point_config = config.model_copy(update={section: sub})
+            outcomes = bench_steps(
+                rig, point_config, range(cursor, cursor + steps), f" {key}={value}"
+            )
+            cursor += steps
+            points.append({"value": value, **bench_report(point_config, outcomes)})
+    finally:
+        rig.close()
+    report = sweep_summary(key, points)
+    (out_dir / "sweep.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def sweep_summary(key: str, points: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per point (balance, predicted, measured, error) and the mean absolute error."""
+    rows = []
+    for point in points:
+        predicted = statistics.median(p["predicted"] for p in point["perfmodel"])
+        measured = point["median_sync_over_thundersync"]
+        rows.append(
+            {
+                "value": point["value"],
+                "balance_rho": point["balance_rho"],
+                "predicted_speedup": predicted,
+                "measured_speedup": measured,
+                # As the paper states it: how far the measured speedup falls from the trace's.
+                "error": (measured - predicted) / predicted,
+            }
+        )
+    return {
+        "key": key,
+        "points": rows,
+        "mean_absolute_error": statistics.mean(abs(r["error"]) for r in rows),
+        "mean_error": statistics.mean(r["error"] for r in rows),
+        "benches": points,
+    }
 
 
 def _collector(into: list[StepOutcome]) -> Any:

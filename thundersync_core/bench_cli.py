@@ -20,6 +20,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--engine", choices=["auto", "vllm", "hf"], help="override rollout.engine")
     p.add_argument("--work", type=Path, default=Path("runs/bench"), help="scratch folder")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
+    p.add_argument(
+        "--sweep",
+        metavar="KEY=V1,V2,...",
+        help="one bench per value, on the same roles (rollout.max_live_episodes=4,8,16,...)",
+    )
+    p.add_argument("--plot", type=Path, help="with --sweep: predicted vs measured speedup PNG")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,10 +38,12 @@ def run(args: argparse.Namespace) -> int:
         k: v for k, v in [("objective", args.objective), ("rollout.engine", args.engine)] if v
     }
     config = load_config(args.config, overrides)
+    if args.sweep:
+        return _sweep(args, config)
+    if args.plot is not None:
+        raise ValueError("--plot needs --sweep")
     report = run_bench(config, args.work, steps=args.steps)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    _write(args.out, report)
     idle = report["median_learner_idle_fraction"]
     tail = report["median_tail_s"]
     print(
@@ -45,4 +53,41 @@ def run(args: argparse.Namespace) -> int:
         f"{tail['thundersync']:.2f}s ({report['median_tail_fraction_of_sync']:.1%} of sync's "
         f"post-rollout learner time); balance rho {report['balance_rho']:.2f}"
     )
+    return 0
+
+
+def _write(path: Path | None, report: dict[str, Any]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def parse_sweep(text: str) -> tuple[str, list[int]]:
+    key, sep, values = text.partition("=")
+    try:
+        parsed = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        parsed = []
+    if not sep or not parsed or min(parsed) < 0:
+        raise ValueError(f"--sweep {text!r}: expected KEY=V1,V2,... with integers >= 0")
+    return key.strip(), parsed
+
+
+def _sweep(args: argparse.Namespace, config: Any) -> int:
+    from thundersync_core.bench import run_sweep
+
+    key, values = parse_sweep(args.sweep)
+    report = run_sweep(config, args.work, steps=args.steps, key=key, values=values)
+    _write(args.out, report)
+    if args.plot is not None:
+        from eval.report import plot_predicted_vs_measured
+
+        plot_predicted_vs_measured(report["points"], args.plot, label=key)
+    for row in report["points"]:
+        print(
+            f"{key}={row['value']}: balance rho {row['balance_rho']:.2f}, predicted "
+            f"{row['predicted_speedup']:.2f}x, measured {row['measured_speedup']:.2f}x "
+            f"({row['error']:+.1%})"
+        )
+    print(f"mean absolute error of the trace predictions: {report['mean_absolute_error']:.1%}")
     return 0

@@ -77,6 +77,9 @@ class TasksConfig(_Strict):
     #: Dev tasks evaluated before and after training (0: skip), and samples per task.
     dev_tasks: int = Field(default=16, ge=0)
     dev_samples: int = Field(default=2, ge=1)
+    #: Also warm-start on the prep run's warm-start-only tasks (``terminal/warmstart.parquet``,
+    #: written when the prep config has ``warm_start_pool``), when there are any.
+    warm_start_pool: bool = True
 
 
 class RolloutConfig(_Strict):
@@ -89,6 +92,9 @@ class RolloutConfig(_Strict):
     observation_tokens: int = Field(default=128, ge=16)
     command_timeout_s: float = Field(default=10.0, gt=0)
     temperature: float = Field(default=1.0, gt=0)
+    #: Episodes in flight at once (0: the whole batch). Fewer makes rollout waves: a
+    #: finished episode's slot goes to a waiting one, so rewards land throughout the stage.
+    max_live_episodes: int = Field(default=0, ge=0)
 
 
 class TrainConfig(_Strict):

@@ -80,7 +80,14 @@ def plan_step(config: TrainConfig, task_ids: Sequence[str], step: int) -> list[R
 def prepare_policies(
     config: TrainConfig, out: Path, train_roots: Sequence[Path]
 ) -> tuple[Path, Path | None]:
-    """(policy folder, teacher folder or None): given, or warm-started once per run folder."""
+    """(policy folder, teacher folder or None): given, or warm-started once per run folder.
+
+    The warm start sees ``train_roots`` and, with ``tasks.warm_start_pool``, the prep run's
+    warm-start-only tasks (generated apart from every train, dev and evaluation task).
+    """
+    extra = Path(config.tasks.prep_dir) / "terminal" / "warmstart.parquet"
+    if config.tasks.warm_start_pool and extra.is_file():
+        train_roots = [*train_roots, extra]
     policy = config.policy.path or _warm(
         config, out / "warmstart" / "policy", train_roots, config.warm_start.steps
     )
@@ -110,6 +117,7 @@ def _warm(config: TrainConfig, target: Path, roots: Sequence[Path], steps: int) 
         steps=steps,
         lr=config.warm_start.lr,
         seed=config.seed,
+        families=config.tasks.families or None,
     )
     print(f"[warm start] {json.dumps(summary)}", flush=True)
     return target

@@ -65,16 +65,22 @@ fi
 """
 
 
-def generate(out_dir: Path, *, n_tasks: int = 240, seed: int = 0) -> list[Path]:
+def generate(
+    out_dir: Path, *, n_tasks: int = 240, seed: int = 0, families: Sequence[str] = ()
+) -> list[Path]:
     """Write ``n_tasks`` task folders under ``out_dir``, families in turn; returns them sorted.
 
-    A task folder that already exists is replaced; nothing else in ``out_dir`` is touched.
+    ``families`` keeps to those families (empty: all). A task folder that already exists is
+    replaced; nothing else in ``out_dir`` is touched.
     """
     if n_tasks < 1:
         raise ValueError(f"toyterm: n_tasks must be >= 1, got {n_tasks}")
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"toyterm: unknown families {unknown}; known: {sorted(FAMILIES)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = list(FAMILIES)
+    names = [f for f in FAMILIES if not families or f in families]
     seen: set[str] = set()
     written = []
     for index in range(n_tasks):

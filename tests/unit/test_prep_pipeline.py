@@ -191,3 +191,27 @@ def test_config_errors_name_the_field(tmp_path):
     path.write_text("dev_fraction: 2\n")
     with pytest.raises(ValueError, match="field dev_fraction"):
         load_prep_config(path)
+
+
+def test_warm_start_pool_is_generated_apart_from_every_kept_task(tmp_path):
+    from data_prep.generators import toyterm  # noqa: PLC0415
+    from data_prep.pipeline import WARM_START_SEED_OFFSET, write_warm_start_pool  # noqa: PLC0415
+    from data_prep.sources.terminal import load_task_pool  # noqa: PLC0415
+
+    config = PrepConfig.model_validate(
+        {"warm_start_pool": {"n_tasks": 12, "families": ["oneliner", "count"]}}
+    )
+    # The same draws the pool will make; one of them stands in for a kept train/dev task.
+    twin = tmp_path / "twin"
+    toyterm.generate(twin, n_tasks=12, seed=WARM_START_SEED_OFFSET, families=["oneliner", "count"])
+    drawn, _ = load_task_pool(twin, "twin")
+    (tmp_path / "scratch").mkdir()
+    counts = write_warm_start_pool(config, [drawn[3]], tmp_path / "scratch", tmp_path / "out")
+    assert counts == {"generated": 12, "kept": 11, "repeats_a_kept_or_eval_task": 1, "malformed": 0}
+    rows = pq.read_table(tmp_path / "out" / "terminal" / "warmstart.parquet").to_pylist()
+    assert {r["family"] for r in rows} == {"oneliner", "count"}
+    assert drawn[3].instruction not in {r["instruction"] for r in rows}
+    assert all((tmp_path / "out" / r["path"] / "instruction.md").is_file() for r in rows)
+    assert write_warm_start_pool(PrepConfig(), [], tmp_path, tmp_path / "none") is None
+    with pytest.raises(ValueError, match="unknown families"):
+        toyterm.generate(tmp_path / "bad", n_tasks=1, families=["nope"])

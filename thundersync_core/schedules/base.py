@@ -74,8 +74,14 @@ def group_lookup(
 def events(
     ctx: RunContext, specs: list[RolloutSpec], **options: Any
 ) -> Iterator[Trajectory | TurnReady]:
-    """The rollout worker's events for ``specs``, in the order they happen."""
+    """The rollout worker's events for ``specs``, in the order they happen.
+
+    At most ``rollout.max_live_episodes`` episodes run at once unless ``max_live`` is given.
+    """
     import ray  # noqa: PLC0415
+
+    if "max_live" not in options and ctx.config.rollout.max_live_episodes:
+        options["max_live"] = ctx.config.rollout.max_live_episodes
 
     stream = ctx.roles.rollout.rollout.options(num_returns="streaming").remote(specs, **options)
     for ref in stream:

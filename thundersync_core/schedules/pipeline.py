@@ -37,10 +37,11 @@ def run(ctx: RunContext, start: int, end: int) -> None:
     finished: dict[int, list[Trajectory]] = defaultdict(list)
     current, t0 = start, time.time()
     ctx.roles.learner.begin.remote(ctx.groups(plans[current]))
+    live = ctx.config.rollout.max_live_episodes
     stream = events(
         ctx,
         specs,
-        max_live=ctx.config.batch_size,
+        max_live=min(live, ctx.config.batch_size) if live else ctx.config.batch_size,
         max_staleness=ctx.config.max_staleness,
         emit_turns=ctx.opd,
     )
