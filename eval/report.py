@@ -92,7 +92,7 @@ def plot_predicted_vs_measured(
     predicted = [float(p["predicted_speedup"]) for p in points]
     measured = [float(p["measured_speedup"]) for p in points]
     mae = statistics.mean(abs(m - q) / q for m, q in zip(measured, predicted, strict=True))
-    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
     scatter = ax.scatter(predicted, measured, c=[float(p["balance_rho"]) for p in points])
     fig.colorbar(scatter, ax=ax, label="balance rho (learner work / rollout stage)")
     for point, x, y in zip(points, predicted, measured, strict=True):

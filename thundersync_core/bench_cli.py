@@ -82,7 +82,7 @@ def _sweep(args: argparse.Namespace, config: Any) -> int:
     if args.plot is not None:
         from eval.report import plot_predicted_vs_measured
 
-        plot_predicted_vs_measured(report["points"], args.plot, label=key)
+        plot_predicted_vs_measured(report["points"], args.plot, label=key.rsplit(".", 1)[-1])
     for row in report["points"]:
         print(
             f"{key}={row['value']}: balance rho {row['balance_rho']:.2f}, predicted "
