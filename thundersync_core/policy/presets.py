@@ -48,15 +48,24 @@ PRESETS: dict[str, ModelPreset] = {
         intermediate_size=768,
         vocab_size=2048,
     ),
-    # ~11 M parameters: about three times the tiny preset's learner arithmetic per token,
-    # while vLLM CPU's decode step, dominated by fixed per-step costs at these sizes, grows
-    # far less; the bench uses it to bring the learner level with the rollout stage.
+    # ~11 M and ~25 M parameters: the learner's arithmetic per token grows with the
+    # parameters, a rollout stage of few episodes in flight grows less (vLLM's per-step
+    # costs and the sandboxes do not scale with the model); the bench picks the size that
+    # brings the learner level with the rollout stage.
     "small": ModelPreset(
         hidden_size=384,
         num_hidden_layers=6,
         num_attention_heads=6,
         num_key_value_heads=2,
         intermediate_size=1152,
+        vocab_size=2048,
+    ),
+    "medium": ModelPreset(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=1536,
         vocab_size=2048,
     ),
 }
