@@ -31,12 +31,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.helpers import random_batch
-from thundersync_core.parallel.data_parallel import (
-    GroupAssigner,
-    ProcessGroupReducer,
-    init_process_group,
-    predicted_tokens,
-)
+from thundersync_core.parallel.data_parallel import init_process_group, stream_rank_share
 from thundersync_core.parallel.fsdp import build_train_state
 from thundersync_core.policy import build_model
 from thundersync_core.streaming import StreamingGRPOLearner, groups_of
@@ -44,22 +39,6 @@ from thundersync_core.streaming import StreamingGRPOLearner, groups_of
 
 def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _stream_own(learner: StreamingGRPOLearner, batch, rank: int, world: int) -> None:
-    specs = groups_of(batch)
-    assigner = GroupAssigner(world)
-    learner.reducer = ProcessGroupReducer()
-    learner.begin_batch({})
-    for traj in batch:
-        owner, new = assigner.assign(
-            traj.group_id, predicted_tokens(traj), specs[traj.group_id].size
-        )
-        if owner != rank:
-            continue
-        if new:
-            learner.add_groups({traj.group_id: specs[traj.group_id]})
-        learner.submit(traj)
 
 
 def _rank(rank: int, world: int, port: int, run: tuple[str, dict, str]) -> None:
@@ -76,7 +55,7 @@ def _rank(rank: int, world: int, port: int, run: tuple[str, dict, str]) -> None:
     for step in range(2):
         batch = random_batch(seed=step, vocab=model.config.vocab_size, n_groups=4, group_size=2)
         learner = StreamingGRPOLearner(model, max_open_groups=2)
-        _stream_own(learner, batch, rank, world)
+        stream_rank_share(learner, batch, groups_of(batch), rank=rank, world_size=world)
         learner.finish()
         state.clip(1.0)
         tracked = state.state_bytes() | {"accumulators": learner.accumulator_bytes()}

@@ -39,37 +39,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _stream(learner: Any, batch: list[Any], rank: int, world: int) -> None:
-    from thundersync_core.parallel.data_parallel import (  # noqa: PLC0415
-        GroupAssigner,
-        ProcessGroupReducer,
-        predicted_tokens,
-    )
-    from thundersync_core.streaming import groups_of  # noqa: PLC0415
-
-    specs = groups_of(batch)
-    assigner = GroupAssigner(world)
-    learner.reducer = ProcessGroupReducer()
-    learner.begin_batch({})
-    for traj in batch:
-        owner, new = assigner.assign(
-            traj.group_id, predicted_tokens(traj), specs[traj.group_id].size
-        )
-        if owner == rank:
-            if new:
-                learner.add_groups({traj.group_id: specs[traj.group_id]})
-            learner.submit(traj)
-
-
 def _rank(rank: int, world: int, port: int, policy_dir: str, out_dir: str) -> None:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
     from tests.helpers import random_batch, reference_grad_j, rel_diff  # noqa: PLC0415
-    from thundersync_core.parallel.data_parallel import init_process_group  # noqa: PLC0415
+    from thundersync_core.parallel.data_parallel import (  # noqa: PLC0415
+        init_process_group,
+        stream_rank_share,
+    )
     from thundersync_core.parallel.fsdp import build_train_state  # noqa: PLC0415
     from thundersync_core.policy.io import load_model  # noqa: PLC0415
-    from thundersync_core.streaming import StreamingGRPOLearner  # noqa: PLC0415
+    from thundersync_core.streaming import StreamingGRPOLearner, groups_of  # noqa: PLC0415
 
     torch.cuda.set_device(rank)
     init_process_group(
@@ -78,7 +59,7 @@ def _rank(rank: int, world: int, port: int, policy_dir: str, out_dir: str) -> No
     batch = random_batch(seed=11, vocab=1024, n_groups=4, group_size=3)
     model = load_model(Path(policy_dir)).to("cuda")
     learner = StreamingGRPOLearner(model, max_open_groups=2)
-    _stream(learner, batch, rank, world)
+    stream_rank_share(learner, batch, groups_of(batch), rank=rank, world_size=world)
     grads = learner.finish().grad_objective
     result: dict[str, Any] = {"rank": rank}
     if rank == 0:
@@ -91,7 +72,7 @@ def _rank(rank: int, world: int, port: int, policy_dir: str, out_dir: str) -> No
     state = build_train_state(compute, sharding="fsdp2", lr=1e-5, device_type="cuda")
     learner = StreamingGRPOLearner(compute, max_open_groups=2)
     start = time.perf_counter()
-    _stream(learner, batch, rank, world)
+    stream_rank_share(learner, batch, groups_of(batch), rank=rank, world_size=world)
     learner.finish()
     result["fsdp2_grad_norm"] = state.clip(1.0)
     state.apply()

@@ -18,12 +18,7 @@ import torch.distributed as dist
 from tests.helpers import multi_turn_batch, random_batch
 from thundersync_core.batch import turns_of
 from thundersync_core.objectives.opd import split_by_turn
-from thundersync_core.parallel.data_parallel import (
-    GroupAssigner,
-    ProcessGroupReducer,
-    init_process_group,
-    predicted_tokens,
-)
+from thundersync_core.parallel.data_parallel import init_process_group, stream_rank_share
 from thundersync_core.parallel.dcp import load_group_checkpoint, save_group_checkpoint
 from thundersync_core.parallel.fsdp import build_train_state
 from thundersync_core.policy import build_model
@@ -63,26 +58,14 @@ def make_learner(objective: str, model, loss_agg: str = "seq-sum"):
 
 def stream_rank(learner, batch, sources, forced: dict[str, int] | None = None) -> list[str]:
     """Run this rank's share of ``sources`` through ``learner``; returns its groups."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    specs = groups_of(batch)
-    assigner = GroupAssigner(world)
-    assigner.rank_of.update(forced or {})
-    learner.reducer = ProcessGroupReducer()
-    learner.begin_batch({})
-    mine: list[str] = []
-    for source in sources:
-        gid = source.group_id
-        owner, _ = assigner.assign(gid, predicted_tokens(source), specs[gid].size)
-        if owner != rank:
-            continue
-        if gid not in mine:
-            mine.append(gid)
-            learner.add_groups({gid: specs[gid]})
-        if hasattr(source, "index"):
-            learner.submit_turn(source)
-        else:
-            learner.submit(source)
-    return mine
+    return stream_rank_share(
+        learner,
+        sources,
+        groups_of(batch),
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        forced=forced,
+    )
 
 
 def gradient_case(objective: str, loss_agg: str, order_seed: int, forced=None) -> dict:

@@ -19,6 +19,7 @@ arrival order. Every later source of the group (OPD: every turn) follows it ther
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from thundersync_core.batch import Trajectory, Turn
+from thundersync_core.streaming.base import GroupSpec, LearnerBase
 
 #: Scalars of a batch, summed in float64: counts stay exact below 2**53.
 SCALAR_DTYPE = torch.float64
@@ -85,6 +87,41 @@ def predicted_tokens(source: Trajectory | Turn) -> int:
     return len(source.prompt_ids) + sum(len(s.ids) for s in source.segments)
 
 
+def stream_rank_share(
+    learner: LearnerBase,
+    sources: Iterable[Trajectory | Turn],
+    specs: Mapping[str, GroupSpec],
+    *,
+    rank: int,
+    world_size: int,
+    forced: Mapping[str, int] | None = None,
+) -> list[str]:
+    """Begin a batch on this rank's ``learner`` and feed it its share of ``sources``.
+
+    For a process that sees the whole batch (benchmarks, checks, tests): every rank runs
+    the same assigner over the same arrival order, so the ranks agree on the split without
+    talking. ``forced`` pins groups to ranks. Returns this rank's groups in arrival order.
+    """
+    assigner = GroupAssigner(world_size)
+    assigner.rank_of.update(forced or {})
+    learner.reducer = ProcessGroupReducer()
+    learner.begin_batch({})
+    mine: list[str] = []
+    for source in sources:
+        gid = source.group_id
+        owner, _ = assigner.assign(gid, predicted_tokens(source), specs[gid].size)
+        if owner != rank:
+            continue
+        if gid not in mine:
+            mine.append(gid)
+            learner.add_groups({gid: specs[gid]})
+        if isinstance(source, Turn):
+            learner.submit_turn(source)  # type: ignore[attr-defined]
+        else:
+            learner.submit(source)  # type: ignore[attr-defined]
+    return mine
+
+
 def init_process_group(
     backend: str, *, rank: int, world_size: int, address: str, port: int, timeout_s: float
 ) -> None:
@@ -108,4 +145,5 @@ __all__ = [
     "default_backend",
     "init_process_group",
     "predicted_tokens",
+    "stream_rank_share",
 ]
