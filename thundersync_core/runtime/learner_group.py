@@ -30,7 +30,6 @@ import torch
 
 from thundersync_core.batch import Trajectory, Turn
 from thundersync_core.config import TrainConfig
-from thundersync_core.metrics import FlopLedger, measure_peak_flops
 from thundersync_core.parallel.data_parallel import (
     GroupAssigner,
     ProcessGroupReducer,
@@ -130,10 +129,7 @@ class LearnerRank(LearnerWorker):
             version = int(record["policy_version"])
         self.learner = build_learner(self.config, model, version)
         self.learner.reducer = ProcessGroupReducer()
-        self.publish_dir.mkdir(parents=True, exist_ok=True)
-        self.ledger = FlopLedger(sum(p.numel() for p in model.parameters()))
-        self.peak_flops = self.config.resources.learner_peak_flops or measure_peak_flops()
-        self._reset_step()
+        self._start_accounting()
         return version
 
     def add_group(self, group_id: str, spec: tuple[tuple[int, ...], int]) -> None:

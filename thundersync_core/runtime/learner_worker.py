@@ -84,10 +84,13 @@ class LearnerWorker:
             version = int(state["policy_version"])
         self.learner = build_learner(config, self.model, version)
         self.publish_dir = Path(publish_dir)
+        self._start_accounting()
+
+    def _start_accounting(self) -> None:
+        """Publication folder, FLOP ledger, peak FLOP/s and an empty step record."""
         self.publish_dir.mkdir(parents=True, exist_ok=True)
-        n_params = sum(p.numel() for p in self.model.parameters())
-        self.ledger = FlopLedger(n_params)
-        self.peak_flops = config.resources.learner_peak_flops or measure_peak_flops()
+        self.ledger = FlopLedger(sum(p.numel() for p in self.model.parameters()))
+        self.peak_flops = self.config.resources.learner_peak_flops or measure_peak_flops()
         self._reset_step()
 
     def _reset_step(self) -> None:
