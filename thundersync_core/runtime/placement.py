@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -41,20 +42,39 @@ def remote_role(cls: type, role: RoleResources, *, max_concurrency: int = 1) -> 
 
 
 def pin_to_cores(cores: Sequence[int]) -> None:
-    """Pin this process (and what it spawns later) to ``cores``; size torch's pool to match."""
+    """Pin this process (every thread it has, and what they spawn later) to ``cores``; size
+    torch's pool to match.
+
+    ``sched_setaffinity(0, ...)`` alone moves the calling thread only: a Ray actor already
+    runs its executor and gRPC threads when ``__init__`` pins, and a grader or sandbox that
+    such a thread starts would otherwise run on any core.
+    """
     if not cores:
         return
     available = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
     bad = [c for c in cores if c not in available]
     if bad:
         raise ValueError(f"resources: cores {bad} do not exist on this host ({sorted(available)})")
-    os.sched_setaffinity(0, set(cores))
+    wanted = set(cores)
+    os.sched_setaffinity(0, wanted)
+    for tid in _thread_ids():
+        # A thread may end meanwhile, or not be ours to move.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.sched_setaffinity(tid, wanted)
     os.environ["OMP_NUM_THREADS"] = str(len(cores))
     # vLLM CPU binds its OpenMP threads itself; keep them on the role's cores.
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(len(cores))
+
+
+def _thread_ids() -> list[int]:
+    """The kernel ids of this process's threads (Linux); empty where /proc is missing."""
+    try:
+        return [int(name) for name in os.listdir("/proc/self/task")]
+    except OSError:
+        return []
 
 
 def device_count(resources: ResourcesConfig) -> int:
