@@ -9,6 +9,7 @@ own. Results are written to ``out/<case>-rank<r>.pt`` for the test process to co
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,22 @@ from thundersync_core.parallel.dcp import load_group_checkpoint, save_group_chec
 from thundersync_core.parallel.fsdp import build_train_state
 from thundersync_core.policy import build_model
 from thundersync_core.replay import interleave
-from thundersync_core.streaming import StreamingGRPOLearner, StreamingOPDLearner, groups_of
+from thundersync_core.streaming import (
+    LearnerRefusal,
+    StreamingGRPOLearner,
+    StreamingOPDLearner,
+    groups_of,
+)
 
 # Updates are compared as float32 parameters after minus before: a one-ulp difference in a
 # parameter near 1 (the norm weights) is 1.2e-7, i.e. 1.2e-4 of a 1e-3 step but 2.4e-6 of
 # a 5e-2 step, which leaves the 1e-5 tolerance to the update itself.
 LR = 5e-2
 MAX_GRAD_NORM = 1.0
+
+
+#: Groups g0-g2 on rank 0, g3 on rank 1.
+SPLIT_3_1 = {"g0": 0, "g1": 0, "g2": 0, "g3": 1}
 
 
 def grpo_batch(seed: int = 11):
@@ -81,6 +91,23 @@ def gradient_case(objective: str, loss_agg: str, order_seed: int, forced=None) -
         "n_groups": result.n_groups,
         "n_scored_tokens": result.n_scored_tokens,
     }
+
+
+def refusal_case() -> dict:
+    """Rank 1 never receives the last trajectory of its group g3, so it refuses the barrier;
+    rank 0 has all of its groups and would otherwise wait in the reduction."""
+    model = build_model("micro", seed=3, dtype=torch.float32)
+    batch = grpo_batch()
+    sources = arrivals("grpo", batch, 0)
+    dropped = [t for t in sources if t.group_id == "g3"][-1]
+    learner = make_learner("grpo", model)
+    stream_rank(learner, batch, [t for t in sources if t is not dropped], SPLIT_3_1)
+    start = time.monotonic()
+    try:
+        learner.finish()
+    except LearnerRefusal as exc:
+        return {"error": str(exc), "elapsed_s": time.monotonic() - start}
+    return {"error": None, "elapsed_s": time.monotonic() - start}
 
 
 def train_step(state, objective: str, batch, order_seed: int) -> dict[str, torch.Tensor]:
@@ -181,6 +208,8 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, cases: list[str]) 
             elif kind == "update":
                 dtype = torch.bfloat16 if args[1] == "bf16" else torch.float32
                 result = update_case(args[0], dtype)
+            elif kind == "refusal":
+                result = refusal_case()
             elif kind == "checkpoint":
                 result = checkpoint_case(out)
             else:

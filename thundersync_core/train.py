@@ -202,6 +202,7 @@ def step_record(
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         "pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0,
         "loss": learner["loss"],
+        "reverse_kl": learner.get("reverse_kl"),
         "grad_norm": learner["grad_norm"],
         "policy_version": learner["policy_version"],
         "staleness_tokens": staleness_tokens(learner["token_versions"], version),
@@ -217,18 +218,29 @@ def step_record(
 
 
 def release_trace(outcome: StepOutcome) -> dict[str, Any]:
+    """The step's release trace for ``thundersync perfmodel trace``: one queue per learner
+    rank (a learner group reports each rank's sources), times relative to the step start."""
     start = outcome.timeline.start_s
     learner = outcome.learner
-    services = [
-        {"id": s["id"], "release_s": max(s["release_s"] - start, 0.0), "service_s": s["service_s"]}
-        for s in learner["services"]
-    ]
+    per_rank = learner.get("rank_services") or [learner["services"]]
     publication = outcome.timeline.publication
     return {
         "step": outcome.step,
         "suffix_s": learner["barrier_s"] + (publication[1] - publication[0]),
         "rollout_start_s": 0.0,
-        "ranks": [{"sources": services}],
+        "ranks": [
+            {
+                "sources": [
+                    {
+                        "id": s["id"],
+                        "release_s": max(s["release_s"] - start, 0.0),
+                        "service_s": s["service_s"],
+                    }
+                    for s in services
+                ]
+            }
+            for services in per_rank
+        ],
         "measured_step_s": outcome.timeline.end_s - start,
     }
 
@@ -239,6 +251,7 @@ def _progress(record: dict[str, Any]) -> str:
         f"wall {record['step_wall_s']:.2f}s, learner idle {record['learner_idle_fraction']:.0%}, "
         f"tail {record['learner_tail_s']:.2f}s, reward {record['reward_mean']:.3f}, "
         f"pass {record['pass_rate']:.0%}, loss {record['loss']:+.4f}, |g| {record['grad_norm']:.3f}"
+        + (f", KL to teacher {kl:.4f}" if (kl := record.get("reverse_kl")) is not None else "")
     )
 
 

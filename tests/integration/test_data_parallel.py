@@ -43,7 +43,8 @@ GRAD_CASES = [
     "grad:opd:-:3:g0=0,g1=0,g2=1",
 ]
 UPDATE_CASES = ["update:replicated:fp32", "update:fsdp2:fp32", "update:fsdp2:bf16"]
-CASES = [*GRAD_CASES, *UPDATE_CASES, "checkpoint"]
+# "refusal" runs before "checkpoint": the group must still work after a refused barrier.
+CASES = [*GRAD_CASES, *UPDATE_CASES, "refusal", "checkpoint"]
 
 
 def free_port() -> int:
@@ -207,3 +208,13 @@ def test_checkpoint_resumes_on_one_process(ranks):
     # of the largest entry becomes 1e-6 of each *small* entry's own size, so the parameter
     # update agrees to ~3e-4 of its max (measured) while the gradient agrees to 1e-6.
     assert rel_diff(update_2, update_1) <= 1e-3
+
+
+def test_one_rank_refusing_the_barrier_stops_both_at_once(ranks):
+    """No rank waits in the reduction for the collective timeout (60 s here, 30 min in runs)."""
+    results, _ = ranks
+    held_back, refused = results["refusal"]
+    assert "g3 (2/3)" in refused["error"]
+    assert held_back["error"] is not None
+    assert "rank(s) [1] refused" in held_back["error"]
+    assert max(held_back["elapsed_s"], refused["elapsed_s"]) < 30

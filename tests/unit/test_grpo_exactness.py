@@ -55,6 +55,7 @@ def test_sync_and_stream_match_reference(micro64, micro32, batch, references, dt
     for result in (sync, stream):
         assert rel_diff(ref_grads, result.grad_objective) <= TOLERANCE[dtype]
         assert result.objective == pytest.approx(ref_objective, rel=TOLERANCE[dtype], abs=1e-12)
+        assert result.reverse_kl is None  # an OPD figure only
     assert rel_diff(sync.grad_objective, stream.grad_objective) <= TOLERANCE[dtype]
     # Every group was closed with its prompt replayed exactly once.
     assert stream.counters["groups_closed"] == 3

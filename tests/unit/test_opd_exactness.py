@@ -224,3 +224,23 @@ def test_live_memory_is_keys_values_and_ledger_only(micro64, batch):
         own = positions - (len(traj.prompt_ids) - 1)
         assert learner.live_kv_bytes() <= prompt_bytes + 2 * kv_bytes_per_token * own
         assert learner.live_kv_bytes() >= kv_bytes_per_token * own
+
+
+def test_batch_reports_the_sampled_reverse_kl_to_the_teacher(micro64, batch):
+    """mean over scored tokens of log pi - q, by a plain full forward of each trajectory."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for t in batch:
+            tokens = list(t.prompt_ids) + [i for s in t.segments for i in s.ids]
+            scored = [False] * len(t.prompt_ids) + [b for s in t.segments for b in s.scored]
+            logp = torch.log_softmax(micro64(input_ids=torch.tensor([tokens])).logits[0], -1)
+            student = [
+                float(logp[pos - 1, tokens[pos]]) for pos in range(1, len(tokens)) if scored[pos]
+            ]
+            total += sum(lp - q for lp, q in zip(student, t.teacher_logprobs, strict=True))
+            count += len(student)
+    expected = total / count
+    assert abs(expected) > 0.1  # made-up teacher scores are far from the model's
+    for result in (run_sync(micro64, batch), run_stream(micro64, batch, seed=3)[1]):
+        assert result.reverse_kl == pytest.approx(expected, rel=1e-10)
+    micro64.zero_grad(set_to_none=True)

@@ -67,3 +67,34 @@ def test_flop_ledger_and_staleness_histogram() -> None:
     ledger.add(forward=10, backward=10)
     assert ledger.flops == 6 * 1000 * 10
     assert staleness_tokens([(3, 5), (2, 4), (3, 1)], learner_version=3) == {"0": 6, "1": 4}
+
+
+def test_release_trace_keeps_one_queue_per_learner_rank() -> None:
+    """A learner group's step lists each rank's sources; the trace must not merge them."""
+    from thundersync_core.perfmodel.trace import predict_from_trace  # noqa: PLC0415
+    from thundersync_core.schedules.base import StepOutcome  # noqa: PLC0415
+    from thundersync_core.train import release_trace  # noqa: PLC0415
+
+    def source(i: int, release: float) -> dict:
+        return {"id": f"g{i}/0", "release_s": 100.0 + release, "service_s": 2.0}
+
+    rank0, rank1 = [source(0, 1.0), source(1, 1.0)], [source(2, 1.0), source(3, 1.0)]
+    learner = {"services": rank0 + rank1, "rank_services": [rank0, rank1], "barrier_s": 0.5}
+    line = StepTimeline(step=3, start_s=100.0, end_s=110.0, publication=(109.0, 109.5))
+    trace = release_trace(StepOutcome(step=3, timeline=line, learner=learner))
+    assert [[s["id"] for s in r["sources"]] for r in trace["ranks"]] == [
+        ["g0/0", "g1/0"],
+        ["g2/0", "g3/0"],
+    ]
+    assert trace["ranks"][1]["sources"][0]["release_s"] == pytest.approx(1.0)
+    assert trace["suffix_s"] == pytest.approx(1.0)
+    # Two ranks drain the four 2 s sources in 4 s after the release; one queue would take 8 s.
+    prediction = predict_from_trace(trace)
+    assert prediction["ranks"] == 2
+    assert prediction["thundersync"]["step_s"] == pytest.approx(1.0 + 4.0 + 1.0)
+
+    single = release_trace(
+        StepOutcome(step=3, timeline=line, learner={**learner, "rank_services": None})
+    )
+    assert len(single["ranks"]) == 1
+    assert len(single["ranks"][0]["sources"]) == 4

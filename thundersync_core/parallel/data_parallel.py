@@ -50,6 +50,13 @@ class ProcessGroupReducer:
         dist.all_reduce(values_S, op=dist.ReduceOp.SUM, group=self.group)
         return dict(zip(names, values_S.tolist(), strict=True))
 
+    def refusing_ranks(self, refused: bool, device: torch.device) -> list[int]:
+        world = dist.get_world_size(self.group)
+        flags_W = torch.zeros(world, dtype=torch.int32, device=device)
+        flags_W[dist.get_rank(self.group)] = int(refused)
+        dist.all_reduce(flags_W, op=dist.ReduceOp.SUM, group=self.group)
+        return [rank for rank, flag in enumerate(flags_W.tolist()) if flag]
+
 
 @dataclass
 class GroupAssigner:

@@ -191,6 +191,7 @@ class LearnerWorker:
             "policy_version": self.learner.policy_version,
             "loss": result.objective if not self.learner.maximise else -result.objective,
             "objective": result.objective,
+            "reverse_kl": result.reverse_kl,
             "grad_norm": grad_norm,
             "n_sources": result.n_sources,
             "n_scored_tokens": result.n_scored_tokens,

@@ -61,6 +61,9 @@ class BatchResult:
     n_scored_tokens: int
     scale: float
     counters: dict[str, int] = field(default_factory=dict)
+    #: OPD: the mean over scored tokens of log pi - q (the sampled reverse KL to the
+    #: teacher, at the weights the gradient was taken at); None for GRPO.
+    reverse_kl: float | None = None
 
 
 class BarrierReducer(Protocol):
@@ -68,6 +71,9 @@ class BarrierReducer(Protocol):
 
     def all_reduce(self, grads: list[torch.Tensor], scalars: dict[str, float]) -> dict[str, float]:
         """Sum ``grads`` in place over ranks; return the summed ``scalars``."""
+
+    def refusing_ranks(self, refused: bool, device: torch.device) -> list[int]:
+        """Every rank says whether it refuses the barrier; all get the list of those that do."""
         ...
 
 
@@ -97,6 +103,8 @@ class LearnerBase:
 
     #: True when the objective is maximised (p.grad = -c * grad).
     maximise = True
+    #: True for OPD: the batch result carries the sampled reverse KL.
+    tracks_reverse_kl = False
 
     def __init__(
         self,
@@ -132,6 +140,7 @@ class LearnerBase:
         self._param_versions: list[int] = []
         self._grad_sum: list[torch.Tensor] = []
         self._objective_sum = 0.0
+        self._kl_sum = 0.0
         self._n_scored_tokens = 0
         self._n_sources = 0
         self._in_batch = False
@@ -148,6 +157,7 @@ class LearnerBase:
         self._param_versions = [p._version for p in self.params]
         self._grad_sum = [torch.zeros_like(p, dtype=self.accum_dtype) for p in self.params]
         self._objective_sum = 0.0
+        self._kl_sum = 0.0
         self._n_scored_tokens = 0
         self._n_sources = 0
         self.is_stats = {"tokens": 0, "weight_sum": 0.0, "clipped": 0}
@@ -169,12 +179,15 @@ class LearnerBase:
             self._done[gid] = set()
 
     def finish(self) -> BatchResult:
-        """The barrier: refuse unless safe, then write the scaled gradient into p.grad."""
-        self._check_versions()
-        self._check_complete()
-        self._on_barrier()
-        self.assert_safe_to_step()
-        if self.reducer is not None:
+        """The barrier: refuse unless safe, then write the scaled gradient into p.grad.
+
+        Over ranks, every rank first says whether it refuses, so one rank's refusal stops
+        them all at once instead of leaving the others in the reduction until it times out.
+        """
+        if self.reducer is None:
+            self._check_barrier()
+        else:
+            self._agree_on_barrier(self.reducer)
             self._reduce_over_ranks(self.reducer)
         scale = self._scale()
         sign = -1.0 if self.maximise else 1.0
@@ -192,7 +205,29 @@ class LearnerBase:
             n_scored_tokens=self._n_scored_tokens,
             scale=scale,
             counters=self._counters(),
+            reverse_kl=(
+                self._kl_sum / max(self._n_scored_tokens, 1) if self.tracks_reverse_kl else None
+            ),
         )
+
+    def _check_barrier(self) -> None:
+        self._check_versions()
+        self._check_complete()
+        self._on_barrier()
+        self.assert_safe_to_step()
+
+    def _agree_on_barrier(self, reducer: BarrierReducer) -> None:
+        try:
+            self._check_barrier()
+        except Exception:
+            reducer.refusing_ranks(True, self.device)
+            raise
+        refusing = reducer.refusing_ranks(False, self.device)
+        if refusing:
+            raise LearnerRefusal(
+                f"learner rank(s) {refusing} refused the barrier (their errors say why); "
+                "this rank's batch is not applied"
+            )
 
     def _reduce_over_ranks(self, reducer: BarrierReducer) -> None:
         """Sum accumulators and scalars over ranks; the batch counters become the global ones."""
@@ -203,6 +238,7 @@ class LearnerBase:
                 "sources": float(self._n_sources),
                 "scored_tokens": float(self._n_scored_tokens),
                 "objective": self._objective_sum,
+                "kl": self._kl_sum,
                 "is_tokens": float(self.is_stats["tokens"]),
                 "is_weight_sum": float(self.is_stats["weight_sum"]),
                 "is_clipped": float(self.is_stats["clipped"]),
@@ -212,6 +248,7 @@ class LearnerBase:
         self._n_sources = round(totals["sources"])
         self._n_scored_tokens = round(totals["scored_tokens"])
         self._objective_sum = totals["objective"]
+        self._kl_sum = totals["kl"]
         self.is_stats = {
             "tokens": round(totals["is_tokens"]),
             "weight_sum": totals["is_weight_sum"],

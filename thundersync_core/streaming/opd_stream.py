@@ -77,6 +77,7 @@ def _add_into(ledger: list[torch.Tensor] | None, grads, like, dtype) -> list[tor
 
 class StreamingOPDLearner(LearnerBase):
     maximise = False
+    tracks_reverse_kl = True
 
     def __init__(
         self,
@@ -192,13 +193,15 @@ class StreamingOPDLearner(LearnerBase):
             logprobs_N, new_kv = chunk_forward(self.model, ids_T, targets_T, scored_T, cache)
         self._stats["turn_forwards"] += 1
         if logprobs_N.numel():
-            teacher_N = torch.tensor(turn.teacher_logprobs, dtype=logprobs_N.dtype)
+            teacher_N = torch.tensor(
+                turn.teacher_logprobs, dtype=logprobs_N.dtype, device=self.device
+            )
             weights_N = self._importance_weights(
                 f"trajectory {turn.trajectory_id!r} turn {turn.index}",
                 logprobs_N,
                 turn.behaviour_logprobs,
             )
-            loss = turn_loss(logprobs_N, teacher_N.to(self.device), weights_N)
+            loss = turn_loss(logprobs_N, teacher_N, weights_N)
             if not torch.isfinite(loss):
                 raise LearnerRefusal(
                     f"trajectory {turn.trajectory_id!r} turn {turn.index}: its loss is "
@@ -208,6 +211,7 @@ class StreamingOPDLearner(LearnerBase):
             self._add_grads(grads[: len(self.params)])
             self._spread_context_adjoint(state, leaves, grads[len(self.params) :])
             self._objective_sum += float(loss.detach())
+            self._kl_sum += float((logprobs_N.detach() - teacher_N).sum())
             self._stats["turn_backwards"] += 1
         self._append_kv(state, [t.detach() for t in new_kv])
         state.last_chunk_start, state.forwarded = done, end - 1

@@ -19,6 +19,7 @@ from thundersync_core.streaming.rows import (
 
 class SyncOPDLearner(LearnerBase):
     maximise = False
+    tracks_reverse_kl = True
 
     def __init__(
         self,
@@ -62,6 +63,7 @@ class SyncOPDLearner(LearnerBase):
         loss = turn_loss(logprobs_N, teacher_N)
         self._add_grads(torch.autograd.grad(loss, self.params, allow_unused=True))
         self._objective_sum += float(loss.detach())
+        self._kl_sum += float((logprobs_N.detach() - teacher_N).sum())
 
     def _pending_work(self) -> str:
         return "" if self._backward_done else "the batch backward has not run yet (finish runs it)"
