@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -214,6 +215,11 @@ def test_off_policy_schedules_record_bounded_staleness(
     for record in records:
         lags = {int(k) for k, v in record["staleness_tokens"].items() if v}
         assert lags <= {0, 1}, record["staleness_tokens"]
+        # OPD's step figure of merit, the sampled KL to the teacher; GRPO has none.
+        if objective == "opd":
+            assert math.isfinite(record["reverse_kl"])
+        else:
+            assert record["reverse_kl"] is None
     if schedule == "async":
         # Batch k is sampled by theta_{k-1}: every token of steps 1 and 2 is one version old.
         assert set(records[1]["staleness_tokens"]) == {"1"}

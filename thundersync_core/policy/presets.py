@@ -68,6 +68,15 @@ PRESETS: dict[str, ModelPreset] = {
         intermediate_size=1536,
         vocab_size=2048,
     ),
+    # ~48 M parameters: the learner of the two-core bench (configs/bench_embedded.yaml).
+    "large": ModelPreset(
+        hidden_size=640,
+        num_hidden_layers=10,
+        num_attention_heads=10,
+        num_key_value_heads=2,
+        intermediate_size=1920,
+        vocab_size=2048,
+    ),
 }
 
 
