@@ -13,8 +13,9 @@ from thundersync_core.train import plan_step
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-def test_embedded_config_loads_and_resolves_relative_paths() -> None:
-    config = load_config(CONFIGS / "train_embedded.yaml")
+@pytest.mark.parametrize("name", ["train_embedded.yaml", "bench_embedded.yaml"])
+def test_embedded_config_loads_and_resolves_relative_paths(name: str) -> None:
+    config = load_config(CONFIGS / name)
     assert config.tasks.prep_dir == (CONFIGS.parent / "runs" / "prep").resolve()
     assert config.resources.rollout.cores != config.resources.learner.cores
 
