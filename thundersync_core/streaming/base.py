@@ -71,6 +71,7 @@ class BarrierReducer(Protocol):
 
     def all_reduce(self, grads: list[torch.Tensor], scalars: dict[str, float]) -> dict[str, float]:
         """Sum ``grads`` in place over ranks; return the summed ``scalars``."""
+        ...
 
     def refusing_ranks(self, refused: bool, device: torch.device) -> list[int]:
         """Every rank says whether it refuses the barrier; all get the list of those that do."""
