@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 TOLERANCE = 1e-5
 WORLD = 2
-SPLIT_3_1 = "g0=0,g1=0,g2=0,g3=1"
+SPLIT_3_1 = ",".join(f"{g}={r}" for g, r in dp_workers.SPLIT_3_1.items())
 ALL_ON_0 = "g0=0,g1=0,g2=0,g3=0"
 GRAD_CASES = [
     *(f"grad:grpo:seq-sum:{order}:" for order in (0, 1, 2)),

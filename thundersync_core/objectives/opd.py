@@ -31,16 +31,16 @@ class TeacherScoreError(ValueError):
 
 def turn_loss(
     logprobs_N: torch.Tensor, teacher_N: torch.Tensor, is_weights_N: torch.Tensor | None = None
-) -> torch.Tensor:
-    """sum_t sg(log pi_t - q_t) * log pi_t over one turn's (or row's) scored tokens.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum_t sg(log pi_t - q_t) * log pi_t over one turn's (or row's) scored tokens, and
+    sum_t (log pi_t - q_t) (detached, unweighted: the sampled reverse KL's numerator).
 
-    Off-policy samples (one-step-off, pipeline) multiply each term by its truncated
+    Off-policy samples (one-step-off, pipeline) multiply each loss term by its truncated
     importance weight ``is_weights_N`` (constant).
     """
-    weights_N = (logprobs_N - teacher_N).detach()
-    if is_weights_N is not None:
-        weights_N = weights_N * is_weights_N
-    return (weights_N * logprobs_N).sum()
+    log_ratio_N = (logprobs_N - teacher_N).detach()
+    weights_N = log_ratio_N if is_weights_N is None else log_ratio_N * is_weights_N
+    return (weights_N * logprobs_N).sum(), log_ratio_N.sum()
 
 
 def batch_scale(n_scored_tokens: int) -> float:

@@ -211,6 +211,12 @@ class LearnerBase:
             ),
         )
 
+    def _add_opd_terms(self, loss: torch.Tensor, log_ratio: torch.Tensor) -> None:
+        """Add a turn's (or rows') loss and log-ratio sum, read back in one transfer."""
+        objective, kl = torch.stack([loss.detach(), log_ratio]).tolist()
+        self._objective_sum += objective
+        self._kl_sum += kl
+
     def _check_barrier(self) -> None:
         self._check_versions()
         self._check_complete()

@@ -201,7 +201,7 @@ class StreamingOPDLearner(LearnerBase):
                 logprobs_N,
                 turn.behaviour_logprobs,
             )
-            loss = turn_loss(logprobs_N, teacher_N, weights_N)
+            loss, log_ratio = turn_loss(logprobs_N, teacher_N, weights_N)
             if not torch.isfinite(loss):
                 raise LearnerRefusal(
                     f"trajectory {turn.trajectory_id!r} turn {turn.index}: its loss is "
@@ -210,8 +210,7 @@ class StreamingOPDLearner(LearnerBase):
             grads = torch.autograd.grad(loss, self.params + leaves, allow_unused=True)
             self._add_grads(grads[: len(self.params)])
             self._spread_context_adjoint(state, leaves, grads[len(self.params) :])
-            self._objective_sum += float(loss.detach())
-            self._kl_sum += float((logprobs_N.detach() - teacher_N).sum())
+            self._add_opd_terms(loss, log_ratio)
             self._stats["turn_backwards"] += 1
         self._append_kv(state, [t.detach() for t in new_kv])
         state.last_chunk_start, state.forwarded = done, end - 1

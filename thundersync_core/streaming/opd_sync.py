@@ -60,10 +60,9 @@ class SyncOPDLearner(LearnerBase):
         # teacher log-probs in each record.
         teacher = [q for t in rows for q in t.teacher_logprobs or ()]
         teacher_N = torch.tensor(teacher, dtype=logprobs_N.dtype, device=self.device)
-        loss = turn_loss(logprobs_N, teacher_N)
+        loss, log_ratio = turn_loss(logprobs_N, teacher_N)
         self._add_grads(torch.autograd.grad(loss, self.params, allow_unused=True))
-        self._objective_sum += float(loss.detach())
-        self._kl_sum += float((logprobs_N.detach() - teacher_N).sum())
+        self._add_opd_terms(loss, log_ratio)
 
     def _pending_work(self) -> str:
         return "" if self._backward_done else "the batch backward has not run yet (finish runs it)"
