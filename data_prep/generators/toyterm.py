@@ -65,6 +65,11 @@ fi
 """
 
 
+# Instructions name files as the commands that solve them do (``tango.txt``, not
+# ``/app/tango.txt``), so a policy copies a name token for token; this line says where.
+WORKDIR_NOTE = "Paths are relative to /app, where every command runs."
+
+
 def generate(
     out_dir: Path, *, n_tasks: int = 240, seed: int = 0, families: Sequence[str] = ()
 ) -> list[Path]:
@@ -109,7 +114,7 @@ def write_task(task_dir: Path, spec: TaskSpec, *, family: str, seed: int) -> Pat
         shutil.rmtree(task_dir)
     files: dict[str, tuple[bytes, int]] = {
         "task.toml": (_task_toml(spec, family, seed).encode(), 0o644),
-        "instruction.md": (spec.instruction.rstrip("\n").encode() + b"\n", 0o644),
+        "instruction.md": (f"{spec.instruction.rstrip()}\n\n{WORKDIR_NOTE}\n".encode(), 0o644),
         "environment/Dockerfile": (_dockerfile(spec).encode(), 0o644),
         "solution/solve.sh": (spec.solution.encode(), 0o755),
         "tests/test.sh": (TEST_SH.encode(), 0o755),

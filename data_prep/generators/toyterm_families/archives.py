@@ -87,8 +87,8 @@ def _extract_into(rng: random.Random) -> TaskSpec:
     archive, dest, top = f"{rng.choice(WORDS)}.tar.gz", *pick(rng, 2)
     members = _members(rng, top)
     return _archive_task(
-        f"Extract the archive /app/{archive} into the directory /app/{dest} (create it), so "
-        f"that its member `{sorted(members)[0]}` ends up at /app/{dest}/{sorted(members)[0]}.",
+        f"Extract the archive {archive} into the directory {dest} (create it), so "
+        f"that its member `{sorted(members)[0]}` ends up at {dest}/{sorted(members)[0]}.",
         f"mkdir -p {dest} && tar -xzf {archive} -C {dest}",
         (checks.tree(dest, members),),
         {archive: targz_bytes(members)},
@@ -104,8 +104,8 @@ def _extract_secret(rng: random.Random) -> TaskSpec:
     code = f"{rng.choice(WORDS)}-{rng.randint(1000, 9999)}"
     members[f"{folder}/secret.key"] = code + "\n"
     return _archive_task(
-        f"Somewhere inside the archive /app/{archive} is a file named secret.key. Write its "
-        f"content to /app/{out}.txt",
+        f"Somewhere inside the archive {archive} is a file named secret.key. Write its "
+        f"content to {out}.txt",
         f"tar -xzOf {archive} {folder}/secret.key > {out}.txt",
         (checks.text(f"{out}.txt", code + "\n"),),
         {archive: targz_bytes(members)},
@@ -117,8 +117,8 @@ def _list_members(rng: random.Random) -> TaskSpec:
     archive, top, out = f"{rng.choice(WORDS)}.tar.gz", *pick(rng, 2)
     members = _members(rng, top)
     return _archive_task(
-        f"Write the paths of all files stored in the archive /app/{archive}, exactly as "
-        f"stored, one per line in any order, to /app/{out}.txt",
+        f"Write the paths of all files stored in the archive {archive}, exactly as "
+        f"stored, one per line in any order, to {out}.txt",
         f"tar -tzf {archive} > {out}.txt",
         (checks.lines(f"{out}.txt", sorted(members), unordered=True),),
         {archive: targz_bytes(members)},
@@ -131,7 +131,7 @@ def _gunzip(rng: random.Random) -> TaskSpec:
     name = f"{rng.choice(WORDS)}.{rng.choice(('txt', 'log', 'csv'))}"
     text = as_lines([sentence(rng, WORDS, 2, 9) for _ in range(rng.randint(2, 200))])
     return _archive_task(
-        f"Decompress the gzip file /app/{name}.gz into /app/{name}",
+        f"Decompress the gzip file {name}.gz into {name}",
         f"gzip -dc {name}.gz > {name}",
         (checks.text(name, text),),
         {f"{name}.gz": gzip_bytes(text)},
@@ -145,8 +145,8 @@ def _member_lines(rng: random.Random) -> TaskSpec:
     members = _members(rng, top)
     member = rng.choice(sorted(members))
     return _archive_task(
-        f"How many lines does the file {member} inside the archive /app/{archive} have? "
-        f"Write only the number to /app/{out}.txt",
+        f"How many lines does the file {member} inside the archive {archive} have? "
+        f"Write only the number to {out}.txt",
         f"tar -xzOf {archive} {member} | wc -l > {out}.txt",
         (checks.number(f"{out}.txt", members[member].count("\n")),),
         {archive: targz_bytes(members)},
@@ -174,8 +174,8 @@ def _tar_folder(rng: random.Random) -> TaskSpec:
     top, name = pick(rng, 2)
     members = _members(rng, top)
     return _archive_task(
-        f"Create the gzip-compressed tar archive /app/{name}.tar.gz holding the directory "
-        f"/app/{top} and everything in it; member paths must start with `{top}/`.",
+        f"Create the gzip-compressed tar archive {name}.tar.gz holding the directory "
+        f"{top} and everything in it; member paths must start with `{top}/`.",
         f"tar -czf {name}.tar.gz {top}",
         (checks.tar(f"{name}.tar.gz", members),),
         dict(members),
@@ -187,7 +187,7 @@ def _tar_plain(rng: random.Random) -> TaskSpec:
     top, name = pick(rng, 2)
     members = _members(rng, top)
     return _archive_task(
-        f"Create an uncompressed tar archive /app/{name}.tar of the directory /app/{top}; "
+        f"Create an uncompressed tar archive {name}.tar of the directory {top}; "
         f"member paths must start with `{top}/`.",
         f"tar -cf {name}.tar {top}",
         (checks.tar(f"{name}.tar", members, gzipped=False),),
@@ -203,8 +203,8 @@ def _tar_selected(rng: random.Random) -> TaskSpec:
     members[f"{top}/{rng.choice(WORDS)}_data.csv"] = "a,b\n1,2\n"
     chosen = {path: text for path, text in members.items() if path.endswith(".md")}
     return _archive_task(
-        f"Create the gzip-compressed tar archive /app/{name}.tar.gz holding only the files "
-        f"ending in `.md` found below /app/{top} (at any depth), stored with their paths "
+        f"Create the gzip-compressed tar archive {name}.tar.gz holding only the files "
+        f"ending in `.md` found below {top} (at any depth), stored with their paths "
         f"relative to /app (starting with `{top}/`). No other files may be in it.",
         f"find {top} -type f -name '*.md' | tar -czf {name}.tar.gz -T -",
         (checks.tar(f"{name}.tar.gz", chosen),),
@@ -218,7 +218,7 @@ def _gzip_keep(rng: random.Random) -> TaskSpec:
     name = f"{rng.choice(WORDS)}.{rng.choice(('txt', 'log', 'csv'))}"
     text = as_lines([sentence(rng, WORDS, 2, 9) for _ in range(rng.randint(2, 200))])
     return _archive_task(
-        f"Compress /app/{name} with gzip into /app/{name}.gz, keeping the original file.",
+        f"Compress {name} with gzip into {name}.gz, keeping the original file.",
         f"gzip -k {name}",
         (checks.gzip_text(f"{name}.gz", text), checks.text(name, text)),
         {name: text},

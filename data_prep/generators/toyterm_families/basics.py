@@ -44,7 +44,7 @@ def _echo(rng: random.Random) -> TaskSpec:
     name = f"{rng.choice(WORDS)}.txt"
     phrase = " ".join(pick(rng, rng.randint(2, 4)))
     return _short(
-        f"Create the file /app/{name} containing exactly one line: {phrase}",
+        f"Create the file {name} containing exactly one line: {phrase}",
         f"echo {q(phrase)} > {name}",
         checks.text(name, phrase + "\n"),
         "echo",
@@ -55,7 +55,7 @@ def _count_lines(rng: random.Random) -> TaskSpec:
     source, out = pick(rng, 2)
     lines = [sentence(rng, WORDS, 1, 5) for _ in range(rng.randint(3, 60))]
     spec = _short(
-        f"How many lines does /app/{source}.txt have? Write only the number to /app/{out}.txt",
+        f"How many lines does {source}.txt have? Write only the number to {out}.txt",
         f"wc -l < {source}.txt > {out}.txt",
         checks.number(f"{out}.txt", len(lines)),
         "wc",
@@ -69,7 +69,7 @@ def _head(rng: random.Random) -> TaskSpec:
     count = rng.randint(1, 3)
     plural = "line" if count == 1 else f"{count} lines"
     spec = _short(
-        f"Write the first {plural} of /app/{source}.txt to /app/{out}.txt",
+        f"Write the first {plural} of {source}.txt to {out}.txt",
         f"head -n {count} {source}.txt > {out}.txt",
         checks.text(f"{out}.txt", as_lines(lines[:count])),
         "head",
@@ -83,7 +83,7 @@ def _tail(rng: random.Random) -> TaskSpec:
     count = rng.randint(1, 3)
     plural = "line" if count == 1 else f"{count} lines"
     spec = _short(
-        f"Write the last {plural} of /app/{source}.txt to /app/{out}.txt",
+        f"Write the last {plural} of {source}.txt to {out}.txt",
         f"tail -n {count} {source}.txt > {out}.txt",
         checks.text(f"{out}.txt", as_lines(lines[-count:])),
         "tail",
@@ -94,7 +94,7 @@ def _tail(rng: random.Random) -> TaskSpec:
 def _mkdir(rng: random.Random) -> TaskSpec:
     path = "/".join(pick(rng, rng.randint(2, 4)))
     return _short(
-        f"Create the directory /app/{path} (with any missing parent directories).",
+        f"Create the directory {path} (with any missing parent directories).",
         f"mkdir -p {path}",
         checks.isdir(path),
         "mkdir",
@@ -143,7 +143,7 @@ def _counted(
 ) -> TaskSpec:
     out = f"{rng.choice(WORDS)}_count.txt"
     return TaskSpec(
-        instruction=f"{question} Write only the number to /app/{out}",
+        instruction=f"{question} Write only the number to {out}",
         solution=solution(f"{command} > {out}"),
         checks=(checks.number(out, answer),),
         difficulty="easy" if command.startswith("wc") else "medium",
@@ -159,7 +159,7 @@ def _count_words(rng: random.Random) -> TaskSpec:
     answer = sum(len(line.split()) for line in lines)
     return _counted(
         rng,
-        f"How many words (whitespace-separated) does /app/{name} contain?",
+        f"How many words (whitespace-separated) does {name} contain?",
         f"wc -w < {name}",
         answer,
         {name: as_lines(lines)},
@@ -172,7 +172,7 @@ def _count_bytes(rng: random.Random) -> TaskSpec:
     content = as_lines(lines)
     return _counted(
         rng,
-        f"What is the size of /app/{name} in bytes?",
+        f"What is the size of {name} in bytes?",
         f"wc -c < {name}",
         len(content.encode()),
         {name: content},
@@ -187,7 +187,7 @@ def _count_matching_lines(rng: random.Random) -> TaskSpec:
         lines.append(word)
     return _counted(
         rng,
-        f"How many lines of /app/{name} contain the word {word}?",
+        f"How many lines of {name} contain the word {word}?",
         f"grep -cw {word} {name}",
         sum(word in line.split() for line in lines),
         {name: as_lines(lines)},
@@ -202,7 +202,7 @@ def _count_occurrences(rng: random.Random) -> TaskSpec:
     answer = sum(line.split().count(word) for line in lines)
     return _counted(
         rng,
-        f"How many times in total does the word {word} occur in /app/{name}?",
+        f"How many times in total does the word {word} occur in {name}?",
         f"grep -ow {word} {name} | wc -l",
         answer,
         {name: as_lines(lines)},
@@ -214,7 +214,7 @@ def _count_files(rng: random.Random) -> TaskSpec:
     files = random_tree(rng, root, rng.randint(3, 40), ("txt", "log", "md", "csv"))
     return _counted(
         rng,
-        f"How many regular files are there in /app/{root}, including all its subdirectories?",
+        f"How many regular files are there in {root}, including all its subdirectories?",
         f"find {root} -type f | wc -l",
         len(files),
         files,
@@ -233,8 +233,7 @@ def _count_log_lines(rng: random.Random) -> TaskSpec:
         total += len(lines) if ext == "log" else 0
     return _counted(
         rng,
-        f"What is the total number of lines in all files ending in .log directly inside "
-        f"/app/{root}?",
+        f"What is the total number of lines in all files ending in .log directly inside {root}?",
         f"cat {root}/*.log | wc -l",
         total,
         files,
@@ -264,7 +263,7 @@ def build_mkfiles(rng: random.Random) -> TaskSpec:
         # Folder names have no dot, so a file path never collides with a folder.
         path = "/".join([*pick(rng, depth), f"{rng.choice(WORDS)}.txt"])
         files[path] = " ".join(pick(rng, rng.randint(2, 5))) + "\n"
-    listing = "\n".join(f"- /app/{root}/{path}: {text.strip()}" for path, text in files.items())
+    listing = "\n".join(f"- {root}/{path}: {text.strip()}" for path, text in files.items())
     commands = []
     for path, text in files.items():
         parent = f"{root}/{path}".rsplit("/", 1)[0]
@@ -272,7 +271,7 @@ def build_mkfiles(rng: random.Random) -> TaskSpec:
     return TaskSpec(
         instruction=(
             f"Create these files (and the directories they need), each containing exactly "
-            f"the given line and nothing else; /app/{root} must hold no other files.\n\n"
+            f"the given line and nothing else; {root} must hold no other files.\n\n"
             f"{listing}"
         ),
         solution=solution(*commands),

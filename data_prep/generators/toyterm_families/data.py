@@ -84,9 +84,9 @@ def _json_threshold(rng: random.Random) -> TaskSpec:
     hits = sorted(r["name"] for r in records if r["score"] > limit)
     out = f"{rng.choice(WORDS)}_names.txt"
     return _data_task(
-        f"/app/{name} holds a JSON list of records with fields id, name, team, score and "
+        f"The file {name} holds a JSON list of records with fields id, name, team, score and "
         f"active. Write the names of the records whose score is greater than {limit}, sorted "
-        f"alphabetically, one per line, to /app/{out}",
+        f"alphabetically, one per line, to {out}",
         _python(
             f"records = json.load(open({name!r}))\n"
             f"names = sorted(r['name'] for r in records if r['score'] > {limit})\n"
@@ -104,8 +104,8 @@ def _json_team_sum(rng: random.Random) -> TaskSpec:
     team = rng.choice(sorted({r["team"] for r in records}))
     out = f"{rng.choice(WORDS)}_sum.txt"
     return _data_task(
-        f"/app/{name} holds a JSON list of records with fields id, name, team, score and "
-        f"active. Write the sum of the scores of team {team} (only the number) to /app/{out}",
+        f"The file {name} holds a JSON list of records with fields id, name, team, score and "
+        f"active. Write the sum of the scores of team {team} (only the number) to {out}",
         _python(
             f"records = json.load(open({name!r}))\n"
             f"total = sum(r['score'] for r in records if r['team'] == {team!r})\n"
@@ -123,8 +123,8 @@ def _json_team_counts(rng: random.Random) -> TaskSpec:
     out = f"{rng.choice(WORDS)}_teams.json"
     counts = Counter(r["team"] for r in records if r["active"])
     return _data_task(
-        f"/app/{name} holds a JSON list of records with fields id, name, team, score and "
-        f"active. Write to /app/{out} a JSON object mapping each team to the number of its "
+        f"The file {name} holds a JSON list of records with fields id, name, team, score and "
+        f"active. Write to {out} a JSON object mapping each team to the number of its "
         f"active records (omit teams with none).",
         _python(
             f"from collections import Counter\nrecords = json.load(open({name!r}))\n"
@@ -143,8 +143,8 @@ def _json_lookup(rng: random.Random) -> TaskSpec:
     record = rng.choice(records)
     out = f"{rng.choice(WORDS)}_who.txt"
     return _data_task(
-        f"/app/{name} holds a JSON list of records with fields id, name, team, score and "
-        f"active. Write the name of the record with id {record['id']} to /app/{out}",
+        f"The file {name} holds a JSON list of records with fields id, name, team, score and "
+        f"active. Write the name of the record with id {record['id']} to {out}",
         _python(
             f"records = json.load(open({name!r}))\n"
             f"hit = next(r for r in records if r['id'] == {record['id']})\n"
@@ -165,8 +165,8 @@ def _json_to_csv(rng: random.Random) -> TaskSpec:
         [str(r["id"]), r["name"], str(r["score"])] for r in sorted(records, key=lambda r: r["id"])
     ]
     return _data_task(
-        f"/app/{name} holds a JSON list of records with fields id, name, team, score and "
-        f"active. Convert it to the CSV file /app/{out} with the header `id,name,score` and "
+        f"The file {name} holds a JSON list of records with fields id, name, team, score and "
+        f"active. Convert it to the CSV file {out} with the header `id,name,score` and "
         f"one row per record, ordered by id (smallest first).",
         _python(
             f"records = sorted(json.load(open({name!r})), key=lambda r: r['id'])\n"
@@ -220,7 +220,7 @@ def _csv_totals(rng: random.Random) -> TaskSpec:
         totals[row[0]] += int(row[2])
     out = f"{rng.choice(WORDS)}_totals.csv"
     return _data_task(
-        f"/app/{name} is a CSV file with the header `{','.join(_HEADER)}`. Write to /app/{out} "
+        f"The file {name} is a CSV file with the header `{','.join(_HEADER)}`. Write to {out} "
         f"one line `<region>,<total units>` per region, sorted by region name, without a header.",
         f"awk -F, 'NR > 1 {{t[$1] += $3}} END {{for (r in t) print r \",\" t[r]}}' {name} "
         f"| sort -t, -k1,1 > {out}",
@@ -236,8 +236,8 @@ def _csv_count_over(rng: random.Random) -> TaskSpec:
     limit = rng.choice(sorted(int(row[2]) for row in rows)[:-1])
     out = f"{rng.choice(WORDS)}_over.txt"
     return _data_task(
-        f"/app/{name} is a CSV file with the header `{','.join(_HEADER)}`. How many rows have "
-        f"more than {limit} units? Write only the number to /app/{out}",
+        f"The file {name} is a CSV file with the header `{','.join(_HEADER)}`. How many rows have "
+        f"more than {limit} units? Write only the number to {out}",
         f"awk -F, 'NR > 1 && $3 > {limit}' {name} | wc -l > {out}",
         checks.number(out, sum(int(row[2]) > limit for row in rows)),
         {name: _csv_text(rows)},
@@ -251,7 +251,7 @@ def _csv_filter(rng: random.Random) -> TaskSpec:
     region = rng.choice(sorted({row[0] for row in rows}))
     out = f"{rng.choice(WORDS)}_{region}.csv"
     return _data_task(
-        f"/app/{name} is a CSV file with the header `{','.join(_HEADER)}`. Write to /app/{out} "
+        f"The file {name} is a CSV file with the header `{','.join(_HEADER)}`. Write to {out} "
         f"the header followed by the rows whose region is {region}, in their original order.",
         f"awk -F, 'NR == 1 || $1 == \"{region}\"' {name} > {out}",
         checks.csv_rows(out, [_HEADER, *[row for row in rows if row[0] == region]]),
@@ -271,9 +271,9 @@ def _csv_top_product(rng: random.Random) -> TaskSpec:
     rows.append(["bonus", best, "1", "1"])
     out = f"{rng.choice(WORDS)}_best.txt"
     return _data_task(
-        f"/app/{name} is a CSV file with the header `{','.join(_HEADER)}`. The revenue of a row "
-        f"is units times price. Write the name of the product with the highest total revenue "
-        f"to /app/{out}",
+        f"The file {name} is a CSV file with the header `{','.join(_HEADER)}`. The revenue of a "
+        f"row is units times price. Write the name of the product with the highest total revenue "
+        f"to {out}",
         f"awk -F, 'NR > 1 {{r[$2] += $3 * $4}} END {{for (p in r) print r[p], p}}' {name} "
         f"| sort -n | tail -n 1 | cut -d' ' -f2 > {out}",
         checks.text(out, best + "\n"),
@@ -288,7 +288,7 @@ def _csv_sort(rng: random.Random) -> TaskSpec:
     out = f"{rng.choice(WORDS)}_sorted.csv"
     ordered = sorted(rows, key=lambda row: -int(row[2]))
     return _data_task(
-        f"/app/{name} is a CSV file with the header `{','.join(_HEADER)}`. Write to /app/{out} "
+        f"The file {name} is a CSV file with the header `{','.join(_HEADER)}`. Write to {out} "
         f"the header followed by all rows sorted by units, largest first.",
         f"{{ head -n 1 {name}; tail -n +2 {name} | sort -t, -k3,3nr; }} > {out}",
         checks.csv_rows(out, [_HEADER, *ordered]),

@@ -61,7 +61,7 @@ def _change_extension(rng: random.Random) -> TaskSpec:
     files |= {f"{folder}/{n}": t for n, t in kept.items()}
     after = {f"{n}.{new}": t for n, t in moved.items()} | kept
     return _rename_task(
-        f"In /app/{folder}, rename every file ending in `.{old}` so that it ends in `.{new}` "
+        f"In {folder}, rename every file ending in `.{old}` so that it ends in `.{new}` "
         f"instead (same name otherwise, same content). Leave all other files alone.",
         [f'for f in {folder}/*.{old}; do mv -- "$f" "${{f%.{old}}}.{new}"; done'],
         (checks.tree(folder, after),),
@@ -76,7 +76,7 @@ def _add_prefix(rng: random.Random) -> TaskSpec:
     names = [f"{n}.jpg" for n in pick(rng, rng.randint(4, 40))]
     contents = _contents(rng, names)
     return _rename_task(
-        f"Rename every file in /app/{folder} by putting `{prefix}_` in front of its name "
+        f"Rename every file in {folder} by putting `{prefix}_` in front of its name "
         f"(for example `a.jpg` becomes `{prefix}_a.jpg`).",
         [f'for f in {folder}/*; do mv -- "$f" "{folder}/{prefix}_$(basename "$f")"; done'],
         (checks.tree(folder, {f"{prefix}_{n}": t for n, t in contents.items()}),),
@@ -97,8 +97,8 @@ def _move_by_year(rng: random.Random) -> TaskSpec:
     contents = _contents(rng, names)
     after = {(f"{year}/{n}" if f"-{year}-" in n else n): t for n, t in contents.items()}
     return _rename_task(
-        f"/app/{folder} holds files named `<name>-<year>-<month>.csv`. Move every file of the "
-        f"year {year} into the new directory /app/{folder}/{year}; leave the others in place.",
+        f"The directory {folder} holds files named `<name>-<year>-<month>.csv`. Move every file "
+        f"of the year {year} into the new directory {folder}/{year}; leave the others in place.",
         [f"mkdir -p {folder}/{year}", f"mv {folder}/*-{year}-*.csv {folder}/{year}/"],
         (checks.tree(folder, after),),
         {f"{folder}/{n}": t for n, t in contents.items()},
@@ -116,7 +116,7 @@ def _lowercase(rng: random.Random) -> TaskSpec:
     names[0] = names[0].upper()
     contents = _contents(rng, names)
     return _rename_task(
-        f"Rename every file in /app/{folder} to the same name in lower case (for example "
+        f"Rename every file in {folder} to the same name in lower case (for example "
         f"`Notes.TXT` becomes `notes.txt`); contents stay the same.",
         [
             f"for f in {folder}/*; do",
@@ -140,9 +140,9 @@ def _flatten(rng: random.Random) -> TaskSpec:
         f"{source}/{'/'.join(subdirs[: rng.randint(1, 3)])}/{n}": t for n, t in contents.items()
     }
     return _rename_task(
-        f"Move every file found below /app/{source} (at any depth) directly into the new "
-        f"directory /app/{dest} (no subdirectories there). File names are unique. Afterwards "
-        f"no file may remain below /app/{source} (its empty directories may stay or go).",
+        f"Move every file found below {source} (at any depth) directly into the new "
+        f"directory {dest} (no subdirectories there). File names are unique. Afterwards "
+        f"no file may remain below {source} (its empty directories may stay or go).",
         [f"mkdir -p {dest}", f"find {source} -type f -exec mv {{}} {dest}/ \\;"],
         (checks.tree(dest, contents), checks.tree(source, {}, missing_ok=True)),
         files,
@@ -157,7 +157,7 @@ def _number_files(rng: random.Random) -> TaskSpec:
     contents = _contents(rng, names)
     after = {f"{i:03d}.txt": contents[n] for i, n in enumerate(names, 1)}
     return _rename_task(
-        f"Rename the files of /app/{folder} to 001.txt, 002.txt, ... in alphabetical order "
+        f"Rename the files of {folder} to 001.txt, 002.txt, ... in alphabetical order "
         f"of their current names (the alphabetically first becomes 001.txt).",
         [
             "i=1",
@@ -214,7 +214,7 @@ def _executable_scripts(rng: random.Random) -> TaskSpec:
     others = [f"{folder}/{n}.txt" for n in names[len(scripts) :]]
     files = dict.fromkeys(scripts, "#!/bin/bash\necho hello\n") | dict.fromkeys(others, "notes\n")
     return _perms_task(
-        f"Make every `.sh` file in /app/{folder} executable by everyone: mode 755. Every "
+        f"Make every `.sh` file in {folder} executable by everyone: mode 755. Every "
         f"other file there must keep mode 644.",
         [f"chmod 755 {folder}/*.sh"],
         {path: 0o755 if path.endswith(".sh") else 0o644 for path in files},
@@ -228,7 +228,7 @@ def _private_folder(rng: random.Random) -> TaskSpec:
     files = {f"{folder}/{n}.key": f"{rng.getrandbits(64):016x}\n" for n in pick(rng, 4)}
     modes = dict.fromkeys(files, 0o600) | {folder: 0o700}
     return _perms_task(
-        f"Make /app/{folder} private to its owner: the directory must have mode 700 and "
+        f"Make {folder} private to its owner: the directory must have mode 700 and "
         f"every file in it mode 600.",
         [f"chmod 700 {folder}", f"chmod 600 {folder}/*"],
         modes,
@@ -241,7 +241,7 @@ def _read_only(rng: random.Random) -> TaskSpec:
     names = [f"{n}.{rng.choice(('txt', 'csv', 'cfg'))}" for n in pick(rng, rng.randint(2, 8))]
     frozen = names[: max(1, len(names) // 2)]
     files = _contents(rng, names)
-    listing = ", ".join(f"/app/{n}" for n in frozen)
+    listing = ", ".join(frozen)
     return _perms_task(
         f"Make these files read-only for everyone (mode 444): {listing}. The other files "
         f"in /app keep mode 644.",
@@ -261,7 +261,7 @@ def _by_extension(rng: random.Random) -> TaskSpec:
             sub = "/".join([folder, *pick(rng, depth)])
             files[f"{sub}/{rng.choice(WORDS)}.{ext}"] = f"{ext} file\n"
     return _perms_task(
-        f"Below /app/{folder} (at any depth), set the mode of every file by its extension: "
+        f"Below {folder} (at any depth), set the mode of every file by its extension: "
         f"`.key` 600, `.sh` 755, `.pub` 644, `.txt` 640.",
         [
             f"find {folder} -type f -name '*.key' -exec chmod 600 {{}} +",
@@ -279,7 +279,7 @@ def _no_others(rng: random.Random) -> TaskSpec:
     names = [f"{folder}/{n}.dat" for n in pick(rng, rng.randint(2, 10))]
     files = _contents(rng, names)
     return _perms_task(
-        f"Remove every permission of `others` from the files in /app/{folder}, leaving the "
+        f"Remove every permission of `others` from the files in {folder}, leaving the "
         f"owner's and the group's permissions unchanged.",
         [f"chmod o-rwx {folder}/*"],
         dict.fromkeys(names, 0o640),

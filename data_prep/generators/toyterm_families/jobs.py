@@ -41,8 +41,8 @@ def _job_task(
         f"#!/bin/bash\n# Takes a while, like a real build step.\nsleep {delay_s}\n{script_body}"
     )
     return TaskSpec(
-        instruction=f"The program /app/{job} takes about {delay_s} second"
-        f"{'s' if delay_s > 1 else ''} to run. " + how.format(job=f"/app/{job}"),
+        instruction=f"The program {job} takes about {delay_s} second"
+        f"{'s' if delay_s > 1 else ''} to run. " + how.format(job=f"{job}"),
         solution=solution(command.format(job=f"./{job}")),
         checks=(check,),
         difficulty=difficulty,
@@ -66,7 +66,7 @@ def _with_env(rng: random.Random) -> TaskSpec:
     return _job_task(
         rng,
         how=f"Run it with the environment variable {variable} set to `{value}` and save "
-        f"everything it prints on standard output to /app/{out}",
+        f"everything it prints on standard output to {out}",
         script_body=body,
         command=f"{variable}={q(value)} {{job}} > {out}",
         check=checks.text(out, f"report for {value}\nitems: {items}\n"),
@@ -84,7 +84,7 @@ def _with_args(rng: random.Random) -> TaskSpec:
     return _job_task(
         rng,
         how=f"Run it with the three arguments `{source}`, `{target}` and `{count}` (in that "
-        f"order) and save its standard output to /app/{out}",
+        f"order) and save its standard output to {out}",
         script_body=body,
         command=f"{{job}} {source} {target} {count} > {out}",
         check=checks.text(
@@ -99,7 +99,7 @@ def _exit_status(rng: random.Random) -> TaskSpec:
     out = f"{rng.choice(WORDS)}_status.txt"
     return _job_task(
         rng,
-        how=f"Run it and write its exit status (only the number) to /app/{out}",
+        how=f"Run it and write its exit status (only the number) to {out}",
         script_body=body,
         command=f"{{job}} > /dev/null 2>&1; echo $? > {out}",
         check=checks.number(out, status),
@@ -113,8 +113,7 @@ def _with_stdin(rng: random.Random) -> TaskSpec:
     body = 'n=0\nwhile IFS= read -r line; do n=$((n + 1)); echo "$n ${line^^}"; done\n'
     return _job_task(
         rng,
-        how=f"Run it with /app/{source} as its standard input and save its standard output "
-        f"to /app/{out}",
+        how=f"Run it with {source} as its standard input and save its standard output to {out}",
         script_body=body,
         command=f"{{job}} < {source} > {out}",
         check=checks.text(out, as_lines([f"{n} {ln.upper()}" for n, ln in enumerate(lines, 1)])),

@@ -31,7 +31,7 @@ def _paths_task(
     out = f"{rng.choice(WORDS)}_paths.txt"
     return TaskSpec(
         instruction=f"{question} Write their paths relative to /app (like `{root}/dir/name`), "
-        f"one per line in any order, to /app/{out}",
+        f"one per line in any order, to {out}",
         solution=solution(f"{command} > {out}"),
         checks=(checks.lines(out, sorted(paths), unordered=True, paths=True),),
         difficulty="medium",
@@ -75,7 +75,7 @@ def _grep_files(rng: random.Random) -> TaskSpec:
     return _paths_task(
         rng,
         root=root,
-        question=f"Find every file below /app/{root} (at any depth) containing the string {code}.",
+        question=f"Find every file below {root} (at any depth) containing the string {code}.",
         command=f"grep -rl {code} {root}",
         paths=hits,
         files=files,
@@ -88,8 +88,8 @@ def _grep_count(rng: random.Random) -> TaskSpec:
     total = sum(code in line for text in files.values() for line in text.splitlines())
     out = f"{rng.choice(WORDS)}_total.txt"
     return TaskSpec(
-        instruction=f"How many lines, across all files below /app/{root} (at any depth), "
-        f"contain the string {code}? Write only the number to /app/{out}",
+        instruction=f"How many lines, across all files below {root} (at any depth), "
+        f"contain the string {code}? Write only the number to {out}",
         solution=solution(f"grep -rh {code} {root} | wc -l > {out}"),
         checks=(checks.number(out, total),),
         difficulty="medium",
@@ -111,8 +111,8 @@ def _grep_ignore_case(rng: random.Random) -> TaskSpec:
     lines.append(f"{word.upper()} {sentence(rng, WORDS, 1, 3)}")
     name, out = f"{rng.choice(WORDS)}.log", f"{rng.choice(WORDS)}_{word}.txt"
     return TaskSpec(
-        instruction=f"Write every line of /app/{name} that contains `{word}` in any mix of "
-        f"upper and lower case, in their original order, to /app/{out}",
+        instruction=f"Write every line of {name} that contains `{word}` in any mix of "
+        f"upper and lower case, in their original order, to {out}",
         solution=solution(f"grep -i {word} {name} > {out}"),
         checks=(checks.text(out, as_lines([ln for ln in lines if word in ln.lower()])),),
         difficulty="easy",
@@ -146,7 +146,7 @@ def _grep_regex(rng: random.Random) -> TaskSpec:
 
     name, out = f"{rng.choice(WORDS)}.txt", f"{rng.choice(WORDS)}_{prefix}s.txt"
     return TaskSpec(
-        instruction=f"Write to /app/{out}, in their original order, the lines of /app/{name} "
+        instruction=f"Write to {out}, in their original order, the lines of {name} "
         f"that start with `{prefix}`, immediately followed by one or more digits and a colon "
         f"(like `{prefix}12:`).",
         solution=solution(f"grep -E '^{prefix}[0-9]+:' {name} > {out}"),
@@ -195,7 +195,7 @@ def _find_extension(rng: random.Random) -> TaskSpec:
     return _paths_task(
         rng,
         root=root,
-        question=f"Find every file whose name ends in `.{ext}` below /app/{root} (at any depth).",
+        question=f"Find every file whose name ends in `.{ext}` below {root} (at any depth).",
         command=f"find {root} -type f -name '*.{ext}'",
         paths=hits,
         files=files,
@@ -211,7 +211,7 @@ def _find_empty(rng: random.Random) -> TaskSpec:
     return _paths_task(
         rng,
         root=root,
-        question=f"Find every empty regular file below /app/{root} (at any depth).",
+        question=f"Find every empty regular file below {root} (at any depth).",
         command=f"find {root} -type f -empty",
         paths=hits,
         files=files,
@@ -225,8 +225,8 @@ def _find_larger(rng: random.Random) -> TaskSpec:
     limit = rng.choice(sizes[: len(sizes) - 1])
     out = f"{rng.choice(WORDS)}_big.txt"
     return TaskSpec(
-        instruction=f"How many regular files below /app/{root} (at any depth) are larger "
-        f"than {limit} bytes? Write only the number to /app/{out}",
+        instruction=f"How many regular files below {root} (at any depth) are larger "
+        f"than {limit} bytes? Write only the number to {out}",
         solution=solution(f"find {root} -type f -size +{limit}c | wc -l > {out}"),
         checks=(checks.number(out, sum(size > limit for size in sizes)),),
         difficulty="medium",
@@ -242,7 +242,7 @@ def _find_delete(rng: random.Random) -> TaskSpec:
     kept = {path.removeprefix(f"{root}/"): text for path, text in files.items()}
     kept = {path: text for path, text in kept.items() if not path.endswith(".tmp")}
     return TaskSpec(
-        instruction=f"Delete every file whose name ends in `.tmp` below /app/{root} (at any "
+        instruction=f"Delete every file whose name ends in `.tmp` below {root} (at any "
         "depth). Leave every other file as it is.",
         solution=solution(f"find {root} -type f -name '*.tmp' -delete"),
         checks=(checks.tree(root, kept),),
@@ -260,8 +260,8 @@ def _find_largest(rng: random.Random) -> TaskSpec:
     files[largest] = files[largest] + "x" * (max(len(t) for t in files.values()) + 1)
     out = f"{rng.choice(WORDS)}_largest.txt"
     return TaskSpec(
-        instruction=f"Which file below /app/{root} (at any depth) is the largest? Write its "
-        f"path relative to /app (like `{sorted(files)[0]}`) to /app/{out}",
+        instruction=f"Which file below {root} (at any depth) is the largest? Write its "
+        f"path relative to /app (like `{sorted(files)[0]}`) to {out}",
         solution=solution(
             f"find {root} -type f -printf '%s %p\\n' | sort -n | tail -n 1 | cut -d' ' -f2- > {out}"
         ),

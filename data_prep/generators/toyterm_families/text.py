@@ -32,11 +32,11 @@ def _transform(
     tags: tuple[str, ...],
     suffix: str = "txt",
 ) -> TaskSpec:
-    """Read /app/<source>, write the transformed lines to /app/<out>."""
+    """Read <source>, write the transformed lines to <out> (both in /app)."""
     words = pick(rng, 2)
     source, out = f"{words[0]}.{suffix}", f"{words[1]}.txt"
     return TaskSpec(
-        instruction=task.format(source=f"/app/{source}", out=f"/app/{out}"),
+        instruction=task.format(source=f"{source}", out=f"{out}"),
         solution=solution(command.format(source=source, out=out)),
         checks=(checks.text(out, as_lines(expected)),),
         difficulty=difficulty,
@@ -156,7 +156,7 @@ def _replace_in_place(rng: random.Random) -> TaskSpec:
     name = f"{rng.choice(WORDS)}.conf"
     before = as_lines(lines)
     return TaskSpec(
-        instruction=f"In /app/{name}, replace every occurrence of `{old}` with `{new}`. "
+        instruction=f"In {name}, replace every occurrence of `{old}` with `{new}`. "
         "Edit the file in place; change nothing else.",
         solution=solution(f"sed -i 's/{old}/{new}/g' {name}"),
         checks=(checks.text(name, before.replace(old, new)),),
@@ -287,7 +287,7 @@ def _cut_column(rng: random.Random) -> TaskSpec:
     index = rng.randrange(len(header))
     return _transform(
         rng,
-        task=f"{{source}} is a comma-separated table with a header line. Write the values "
+        task=f"The file {{source}} is a comma-separated table with a header line. Write the values "
         f"of its `{header[index]}` column, without the header, one per line, to {{out}}.",
         source_lines=[",".join(row) for row in [header, *rows]],
         command=f"cut -d, -f{index + 1} {{source}} | tail -n +2 > {{out}}",
@@ -303,7 +303,7 @@ def _cut_tsv(rng: random.Random) -> TaskSpec:
     index = rng.randrange(len(header))
     return _transform(
         rng,
-        task=f"{{source}} is a tab-separated table. Write its column number {index + 1} "
+        task=f"The file {{source}} is a tab-separated table. Write its column number {index + 1} "
         f"(header line included), one value per line, to {{out}}.",
         source_lines=["\t".join(row) for row in [header, *rows]],
         command=f"cut -f{index + 1} {{source}} > {{out}}",
@@ -319,7 +319,7 @@ def _reorder(rng: random.Random) -> TaskSpec:
     first, second = rng.sample(range(len(header)), 2)
     return _transform(
         rng,
-        task=f"{{source}} is a comma-separated table with a header. Write to {{out}} a "
+        task=f"The file {{source}} is a comma-separated table with a header. Write to {{out}} a "
         f"comma-separated table of only its `{header[first]}` and `{header[second]}` "
         f"columns, in that order, header included.",
         source_lines=[",".join(row) for row in [header, *rows]],
@@ -339,8 +339,8 @@ def _paste(rng: random.Random) -> TaskSpec:
     sep = rng.choice((":", ",", "="))
     pasted = [f"{a}{sep}{b}" for a, b in zip(names, scores, strict=True)]
     return TaskSpec(
-        instruction=f"/app/{left}.txt and /app/{right}.txt have the same number of lines. "
-        f"Write to /app/{out}.txt, for each line number, the line of {left}.txt, then "
+        instruction=f"The files {left}.txt and {right}.txt have the same number of lines. "
+        f"Write to {out}.txt, for each line number, the line of {left}.txt, then "
         f"`{sep}`, then the line of {right}.txt.",
         solution=solution(f"paste -d{q(sep)} {left}.txt {right}.txt > {out}.txt"),
         checks=(checks.text(f"{out}.txt", as_lines(pasted)),),
@@ -356,8 +356,9 @@ def _distinct_values(rng: random.Random) -> TaskSpec:
     index = rng.randrange(len(header))
     return _transform(
         rng,
-        task=f"{{source}} is a comma-separated table with a header line. Write the distinct "
-        f"values of its `{header[index]}` column, sorted as text, one per line, to {{out}}.",
+        task=f"The file {{source}} is a comma-separated table with a header line. Write the "
+        f"distinct values of its `{header[index]}` column, sorted as text, one per line, "
+        f"to {{out}}.",
         source_lines=[",".join(row) for row in [header, *rows]],
         command=f"tail -n +2 {{source}} | cut -d, -f{index + 1} | sort -u > {{out}}",
         expected=sorted({row[index] for row in rows}),
