@@ -42,7 +42,7 @@ def _job_task(
     )
     return TaskSpec(
         instruction=f"The program {job} takes about {delay_s} second"
-        f"{'s' if delay_s > 1 else ''} to run. " + how.format(job=f"{job}"),
+        f"{'s' if delay_s > 1 else ''} to run. " + how.format(job=job),
         solution=solution(command.format(job=f"./{job}")),
         checks=(check,),
         difficulty=difficulty,

@@ -36,7 +36,7 @@ def _transform(
     words = pick(rng, 2)
     source, out = f"{words[0]}.{suffix}", f"{words[1]}.txt"
     return TaskSpec(
-        instruction=task.format(source=f"{source}", out=f"{out}"),
+        instruction=task.format(source=source, out=out),
         solution=solution(command.format(source=source, out=out)),
         checks=(checks.text(out, as_lines(expected)),),
         difficulty=difficulty,
