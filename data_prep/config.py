@@ -50,11 +50,16 @@ class TerminalSource(_Strict):
     name: str = Field(min_length=1)
     path: Path | None = None
     n_tasks: int = Field(240, ge=1)
+    #: toyterm families to generate (empty: all).
+    families: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _path_for_dirs(self) -> TerminalSource:
         if self.kind == "dir" and self.path is None:
             raise ValueError(f"terminal source {self.name!r}: kind 'dir' needs a path")
+        if self.kind == "dir" and self.families:
+            raise ValueError(f"terminal source {self.name!r}: families is for kind 'toyterm'")
+        _known_families(self.families, f"terminal source {self.name!r}")
         return self
 
 
@@ -79,6 +84,19 @@ class WarmStartPool(_Strict):
     n_tasks: int = Field(ge=1)
     #: toyterm families to generate (empty: all).
     families: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _families(self) -> WarmStartPool:
+        _known_families(self.families, "warm_start_pool")
+        return self
+
+
+def _known_families(families: list[str], where: str) -> None:
+    from data_prep.generators.toyterm_families import FAMILIES  # noqa: PLC0415
+
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"{where}: unknown toyterm families {unknown}; known: {sorted(FAMILIES)}")
 
 
 class PrepConfig(_Strict):

@@ -150,9 +150,12 @@ def _terminal_records(source: TerminalSource, config: PrepConfig, scratch: Path)
     from data_prep.generators import toyterm  # noqa: PLC0415
 
     target = scratch / source.name
-    toyterm.generate(target, n_tasks=source.n_tasks, seed=config.seed)
+    toyterm.generate(
+        target, n_tasks=source.n_tasks, seed=config.seed, families=source.families
+    )  # fmt: skip
     records, quarantined = load_task_pool(target, source.name)
-    return records, quarantined, {"generator": "toyterm", "seed": config.seed}
+    meta = {"generator": "toyterm", "seed": config.seed}
+    return records, quarantined, meta | ({"families": source.families} if source.families else {})
 
 
 def load_terminal(config: PrepConfig, scratch: Path, log: StageLog):

@@ -60,6 +60,55 @@ def load_pool(prep_dir: Path, split: str, families: Sequence[str] = ()) -> dict[
     return dict(sorted(pool.items()))
 
 
+def dev_tasks(
+    prep_dir: Path, families: Sequence[str], n: int, exclude: Sequence[Path] = ()
+) -> tuple[list[str], int]:
+    """(up to ``n`` dev task ids, how many dev tasks ``exclude`` left out).
+
+    The ids take the families in turn (each family's tasks in id order), so a subset covers
+    every family; a task whose instruction repeats one in ``exclude`` is left out.
+    """
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    load_pool(prep_dir, "dev", families)  # the same missing-file error as the pools
+    path = Path(prep_dir) / "terminal" / "dev.parquet"
+    rows = pq.read_table(path, columns=["task_id", "family", "instruction"]).to_pylist()
+    seen = {_normalise(text) for source in exclude for text in _instructions(Path(source))}
+    by_family: dict[str, list[str]] = {}
+    left_out = 0
+    for r in sorted(rows, key=lambda r: r["task_id"]):
+        if families and r["family"] not in families:
+            continue
+        if _normalise(r["instruction"]) in seen:
+            left_out += 1
+            continue
+        by_family.setdefault(r["family"], []).append(r["task_id"])
+    columns = [by_family[f] for f in sorted(by_family)]
+    order = [
+        ids[i] for i in range(max(map(len, columns), default=0)) for ids in columns if i < len(ids)
+    ]
+    return order[:n], left_out
+
+
+def _normalise(text: str) -> str:
+    # As data_prep.filters.normalise_instruction: case and runs of white space do not count.
+    return " ".join(text.lower().split())
+
+
+def _instructions(source: Path) -> list[str]:
+    """The instructions of a task table (``*.parquet``) or of the task folders under ``source``."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    if source.is_file():
+        return [
+            str(x)
+            for x in pq.read_table(source, columns=["instruction"])["instruction"].to_pylist()
+        ]
+    if not source.is_dir():
+        raise FileNotFoundError(f"tasks.dev_exclude: {source} is neither a task table nor a folder")
+    return [p.read_text() for p in sorted(source.glob("*/instruction.md"))]
+
+
 def plan_step(config: TrainConfig, task_ids: Sequence[str], step: int) -> list[RolloutSpec]:
     """The step's groups: a seeded pass over the pool per epoch; the cursor is the step."""
     per_epoch = max(len(task_ids) // config.groups_per_step, 1)
@@ -305,11 +354,22 @@ def train(
         pool=train_pool | dev_pool,
         checkpoint=checkpoint,
     )
-    dev_ids = list(dev_pool)[: config.tasks.dev_tasks]
+    dev_ids, left_out = dev_tasks(
+        config.tasks.prep_dir,
+        config.tasks.families,
+        config.tasks.dev_tasks,
+        config.tasks.dev_exclude,
+    )
+    if left_out:
+        print(
+            f"[dev] left out {left_out} dev tasks that repeat a tasks.dev_exclude instruction",
+            flush=True,
+        )
     summary: dict[str, Any] = {
         "run": config.name,
         "schedule": config.schedule,
         "objective": config.objective,
+        **({"dev_left_out": left_out} if left_out else {}),
     }
     try:
         if dev_ids and checkpoint is None:

@@ -215,3 +215,28 @@ def test_warm_start_pool_is_generated_apart_from_every_kept_task(tmp_path):
     assert write_warm_start_pool(PrepConfig(), [], tmp_path, tmp_path / "none") is None
     with pytest.raises(ValueError, match="unknown families"):
         toyterm.generate(tmp_path / "bad", n_tasks=1, families=["nope"])
+
+
+def test_a_toyterm_source_keeps_to_its_families(tmp_path):
+    from data_prep.pipeline import _terminal_records  # noqa: PLC0415
+
+    config = PrepConfig.model_validate(
+        {"terminal_sources": [{"kind": "toyterm", "name": "tt", "n_tasks": 6,
+                               "families": ["count", "grep"]}]}
+    )  # fmt: skip
+    records, quarantined, meta = _terminal_records(config.terminal_sources[0], config, tmp_path)
+    assert quarantined == []
+    assert sorted(r.family for r in records) == ["count"] * 3 + ["grep"] * 3
+    assert meta == {"generator": "toyterm", "seed": 0, "families": ["count", "grep"]}
+
+
+def test_unknown_toyterm_families_are_refused_naming_the_source(tmp_path):
+    bad = {"kind": "toyterm", "name": "tt", "families": ["count", "nope"]}
+    with pytest.raises(ValueError, match=r"source 'tt': unknown toyterm families \['nope'\]"):
+        PrepConfig.model_validate({"terminal_sources": [bad]})
+    with pytest.raises(ValueError, match="warm_start_pool: unknown toyterm families"):
+        PrepConfig.model_validate({"warm_start_pool": {"n_tasks": 2, "families": ["nope"]}})
+    with pytest.raises(ValueError, match="families is for kind 'toyterm'"):
+        PrepConfig.model_validate(
+            {"terminal_sources": [{"kind": "dir", "name": "d", "path": "x", "families": ["count"]}]}
+        )

@@ -99,3 +99,44 @@ def test_release_trace_keeps_one_queue_per_learner_rank() -> None:
     )
     assert len(single["ranks"]) == 1
     assert len(single["ranks"][0]["sources"]) == 4
+
+
+def test_dev_tasks_take_families_in_turn_and_leave_out_what_the_policy_saw(tmp_path: Path) -> None:
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from thundersync_core.train import dev_tasks  # noqa: PLC0415
+
+    def table(rows: list[tuple[str, str, str]], path: Path) -> Path:
+        names = ("task_id", "family", "instruction")
+        cols = {name: [r[i] for r in rows] for i, name in enumerate(names)}
+        cols["path"] = [f"tasks/{r[0]}" for r in rows]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(cols), path)
+        return path
+
+    prep = tmp_path / "prep"
+    table(
+        [(f"toyterm-count-000{i}", "count", f"count the words in w{i}.txt") for i in range(3)]
+        + [(f"toyterm-grep-000{i}", "grep", f"grep for x in g{i}.txt") for i in range(2)]
+        + [("toyterm-perms-0000", "perms", "make p.sh executable")],
+        prep / "terminal" / "dev.parquet",
+    )
+    assert dev_tasks(prep, (), 4) == (
+        ["toyterm-count-0000", "toyterm-grep-0000", "toyterm-perms-0000", "toyterm-count-0001"],
+        0,
+    )
+    assert dev_tasks(prep, ("count",), 9) == ([f"toyterm-count-000{i}" for i in range(3)], 0)
+    # A repeat matches whatever the case and white space; folders and tables both count.
+    seen = tmp_path / "seen" / "toyterm-count-0099"
+    seen.mkdir(parents=True)
+    (seen / "instruction.md").write_text("Count the words  in W1.txt\n")
+    other = table([("x", "grep", "GREP for x in g0.txt")], tmp_path / "other.parquet")
+    ids, left_out = dev_tasks(prep, (), 9, [seen.parent, other])
+    assert left_out == 2
+    assert ids == ["toyterm-count-0000", "toyterm-grep-0001", "toyterm-perms-0000",
+                   "toyterm-count-0002"]  # fmt: skip
+    with pytest.raises(FileNotFoundError, match=r"tasks\.dev_exclude: .*nope"):
+        dev_tasks(prep, (), 9, [tmp_path / "nope"])
+    with pytest.raises(FileNotFoundError, match=r"tasks\.prep_dir"):
+        dev_tasks(tmp_path / "empty", (), 9)
