@@ -71,21 +71,24 @@ def dev_tasks(
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     load_pool(prep_dir, "dev", families)  # the same missing-file error as the pools
+    if n == 0:
+        return [], 0
     path = Path(prep_dir) / "terminal" / "dev.parquet"
-    rows = pq.read_table(path, columns=["task_id", "family", "instruction"]).to_pylist()
+    columns = ["task_id", "family", *(["instruction"] if exclude else [])]
+    rows = pq.read_table(path, columns=columns).to_pylist()
     seen = {_normalise(text) for source in exclude for text in _instructions(Path(source))}
     by_family: dict[str, list[str]] = {}
     left_out = 0
     for r in sorted(rows, key=lambda r: r["task_id"]):
         if families and r["family"] not in families:
             continue
-        if _normalise(r["instruction"]) in seen:
+        if seen and _normalise(r["instruction"]) in seen:
             left_out += 1
             continue
         by_family.setdefault(r["family"], []).append(r["task_id"])
-    columns = [by_family[f] for f in sorted(by_family)]
+    lists = [by_family[f] for f in sorted(by_family)]
     order = [
-        ids[i] for i in range(max(map(len, columns), default=0)) for ids in columns if i < len(ids)
+        ids[i] for i in range(max(map(len, lists), default=0)) for ids in lists if i < len(ids)
     ]
     return order[:n], left_out
 
@@ -316,11 +319,16 @@ def evaluate_pass_rate(rollout: Any, task_ids: Sequence[str], samples: int) -> d
     stream = rollout.rollout.options(num_returns="streaming").remote(specs)
     trajectories = [t for t in (ray.get(ref) for ref in stream) if isinstance(t, Trajectory)]
     solved = [t.reward >= 1.0 for t in trajectories]
+    per_task = dict.fromkeys(task_ids, 0)
+    for t in trajectories:
+        per_task[t.group_id.removeprefix("dev-")] += t.reward >= 1.0
     return {
         "pass_rate": sum(solved) / len(solved) if solved else 0.0,
         "reward_mean": sum(t.reward for t in trajectories) / max(len(trajectories), 1),
         "tasks": len(task_ids),
         "samples": samples,
+        # Samples solved per task: two evaluations of a run pair up task by task.
+        "solved": per_task,
     }
 
 

@@ -12,12 +12,15 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -150,6 +153,30 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
         for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     ]
     assert steps == [0, 1, 2]
+
+
+def test_dev_is_measured_before_and_after_task_by_task(tmp_path, tiny_prep_dir, solver_policy_dir):
+    # The policy "already saw" write-hello: dev_exclude leaves it out of the measure.
+    seen = tmp_path / "seen" / "write-hello"
+    shutil.copytree(tiny_prep_dir / "tasks" / "write-hello", seen)
+    table = tmp_path / "dev-with-instructions"
+    shutil.copytree(tiny_prep_dir, table)
+    rows = pq.read_table(table / "terminal" / "dev.parquet").to_pylist()
+    for row in rows:
+        row["instruction"] = (table / row["path"] / "instruction.md").read_text()
+    pq.write_table(pa.Table.from_pylist(rows), table / "terminal" / "dev.parquet")
+    config = _config_file(
+        tmp_path, table, solver_policy_dir, tasks__dev_tasks=4, tasks__dev_samples=3,
+        tasks__dev_exclude=[str(seen.parent)],
+    )  # fmt: skip
+    summary = train(load_config(config), tmp_path / "run")
+    assert summary["dev_left_out"] == 1
+    for when in ("dev_before", "dev_after"):
+        dev = summary[when]
+        assert (dev["tasks"], dev["samples"]) == (1, 3)
+        assert set(dev["solved"]) == {"count-lines"}
+        assert dev["pass_rate"] == pytest.approx(dev["solved"]["count-lines"] / 3)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["dev_left_out"] == 1
 
 
 def test_non_finite_teacher_scores_stop_the_run_and_keep_checkpoints(
