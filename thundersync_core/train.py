@@ -103,10 +103,13 @@ def _instructions(source: Path) -> list[str]:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     if source.is_file():
-        return [
-            str(x)
-            for x in pq.read_table(source, columns=["instruction"])["instruction"].to_pylist()
-        ]
+        try:
+            table = pq.read_table(source, columns=["instruction"])
+        except (KeyError, ValueError, OSError) as exc:
+            raise ValueError(
+                f"tasks.dev_exclude: {source} is not a task table with an instruction column"
+            ) from exc
+        return [str(x) for x in table["instruction"].to_pylist()]
     if not source.is_dir():
         raise FileNotFoundError(f"tasks.dev_exclude: {source} is neither a task table nor a folder")
     return [p.read_text() for p in sorted(source.glob("*/instruction.md"))]

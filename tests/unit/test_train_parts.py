@@ -137,6 +137,9 @@ def test_dev_tasks_take_families_in_turn_and_leave_out_what_the_policy_saw(tmp_p
     assert ids == ["toyterm-count-0000", "toyterm-grep-0001", "toyterm-perms-0000",
                    "toyterm-count-0002"]  # fmt: skip
     assert dev_tasks(prep, (), 0, [seen.parent]) == ([], 0)
+    (tmp_path / "notes.txt").write_text("not a table")
+    with pytest.raises(ValueError, match=r"tasks\.dev_exclude: .*notes\.txt is not a task table"):
+        dev_tasks(prep, (), 9, [tmp_path / "notes.txt"])
     with pytest.raises(FileNotFoundError, match=r"tasks\.dev_exclude: .*nope"):
         dev_tasks(prep, (), 9, [tmp_path / "nope"])
     with pytest.raises(FileNotFoundError, match=r"tasks\.prep_dir"):
