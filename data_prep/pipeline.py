@@ -154,8 +154,7 @@ def _terminal_records(source: TerminalSource, config: PrepConfig, scratch: Path)
         target, n_tasks=source.n_tasks, seed=config.seed, families=source.families
     )  # fmt: skip
     records, quarantined = load_task_pool(target, source.name)
-    meta = {"generator": "toyterm", "seed": config.seed}
-    return records, quarantined, meta | ({"families": source.families} if source.families else {})
+    return records, quarantined, {"generator": "toyterm", "seed": config.seed}
 
 
 def load_terminal(config: PrepConfig, scratch: Path, log: StageLog):

@@ -39,15 +39,20 @@ class TrainingError(RuntimeError):
 
 
 # -- data ----------------------------------------------------------------------------------
-def load_pool(prep_dir: Path, split: str, families: Sequence[str] = ()) -> dict[str, Path]:
-    """task id -> task folder for one split of the prepared terminal pool."""
-    import pyarrow.parquet as pq  # noqa: PLC0415
-
+def _split_table(prep_dir: Path, split: str) -> Path:
     path = Path(prep_dir) / "terminal" / f"{split}.parquet"
     if not path.is_file():
         raise FileNotFoundError(
             f"tasks.prep_dir: {path} is missing (run `thundersync prep` or `make prep` first)"
         )
+    return path
+
+
+def load_pool(prep_dir: Path, split: str, families: Sequence[str] = ()) -> dict[str, Path]:
+    """task id -> task folder for one split of the prepared terminal pool."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    path = _split_table(prep_dir, split)
     rows = pq.read_table(path, columns=["task_id", "family", "path"]).to_pylist()
     # Task folders are stored relative to the prep folder.
     pool = {
@@ -66,14 +71,14 @@ def dev_tasks(
     """(up to ``n`` dev task ids, how many dev tasks ``exclude`` left out).
 
     The ids take the families in turn (each family's tasks in id order), so a subset covers
-    every family; a task whose instruction repeats one in ``exclude`` is left out.
+    every family. ``exclude`` holds task sources as ``thundersync warm-start --tasks`` takes
+    them; a dev task whose instruction repeats one of theirs is left out.
     """
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    load_pool(prep_dir, "dev", families)  # the same missing-file error as the pools
+    path = _split_table(prep_dir, "dev")
     if n == 0:
         return [], 0
-    path = Path(prep_dir) / "terminal" / "dev.parquet"
     columns = ["task_id", "family", *(["instruction"] if exclude else [])]
     rows = pq.read_table(path, columns=columns).to_pylist()
     seen = {_normalise(text) for source in exclude for text in _instructions(Path(source))}
@@ -99,20 +104,18 @@ def _normalise(text: str) -> str:
 
 
 def _instructions(source: Path) -> list[str]:
-    """The instructions of a task table (``*.parquet``) or of the task folders under ``source``."""
-    import pyarrow.parquet as pq  # noqa: PLC0415
+    """The instructions of one warm-start task source (a task folder, a folder of them, or a
+    prep ``terminal/*.parquet``)."""
+    from thundersync_core.warmstart.tasks import collect_tasks  # noqa: PLC0415
 
-    if source.is_file():
-        try:
-            table = pq.read_table(source, columns=["instruction"])
-        except (KeyError, ValueError, OSError) as exc:
-            raise ValueError(
-                f"tasks.dev_exclude: {source} is not a task table with an instruction column"
-            ) from exc
-        return [str(x) for x in table["instruction"].to_pylist()]
-    if not source.is_dir():
+    if not source.exists():
         raise FileNotFoundError(f"tasks.dev_exclude: {source} is neither a task table nor a folder")
-    return [p.read_text() for p in sorted(source.glob("*/instruction.md"))]
+    try:
+        return [task.instruction for task in collect_tasks([source])]
+    except (ValueError, OSError) as exc:
+        raise ValueError(
+            f"tasks.dev_exclude: {source} is not a task table or task folder ({exc})"
+        ) from exc
 
 
 def plan_step(config: TrainConfig, task_ids: Sequence[str], step: int) -> list[RolloutSpec]:
@@ -321,12 +324,11 @@ def evaluate_pass_rate(rollout: Any, task_ids: Sequence[str], samples: int) -> d
     specs = [RolloutSpec(t, f"dev-{t}", f"dev-{t}/{i}") for t in task_ids for i in range(samples)]
     stream = rollout.rollout.options(num_returns="streaming").remote(specs)
     trajectories = [t for t in (ray.get(ref) for ref in stream) if isinstance(t, Trajectory)]
-    solved = [t.reward >= 1.0 for t in trajectories]
     per_task = dict.fromkeys(task_ids, 0)
     for t in trajectories:
         per_task[t.group_id.removeprefix("dev-")] += t.reward >= 1.0
     return {
-        "pass_rate": sum(solved) / len(solved) if solved else 0.0,
+        "pass_rate": sum(per_task.values()) / len(trajectories) if trajectories else 0.0,
         "reward_mean": sum(t.reward for t in trajectories) / max(len(trajectories), 1),
         "tasks": len(task_ids),
         "samples": samples,

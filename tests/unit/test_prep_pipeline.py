@@ -218,16 +218,20 @@ def test_warm_start_pool_is_generated_apart_from_every_kept_task(tmp_path):
 
 
 def test_a_toyterm_source_keeps_to_its_families(tmp_path):
-    from data_prep.pipeline import _terminal_records  # noqa: PLC0415
+    from data_prep.pipeline import load_terminal  # noqa: PLC0415
+    from data_prep.stages import StageLog  # noqa: PLC0415
 
     config = PrepConfig.model_validate(
         {"terminal_sources": [{"kind": "toyterm", "name": "tt", "n_tasks": 6,
                                "families": ["count", "grep"]}]}
     )  # fmt: skip
-    records, quarantined, meta = _terminal_records(config.terminal_sources[0], config, tmp_path)
-    assert quarantined == []
+    log = StageLog()
+    records, [meta] = load_terminal(config, tmp_path, log)
+    assert log.quarantine == []
     assert sorted(r.family for r in records) == ["count"] * 3 + ["grep"] * 3
-    assert meta == {"generator": "toyterm", "seed": 0, "families": ["count", "grep"]}
+    assert {k: meta[k] for k in ("generator", "seed", "families")} == {
+        "generator": "toyterm", "seed": 0, "families": ["count", "grep"]
+    }  # fmt: skip
 
 
 def test_unknown_toyterm_families_are_refused_naming_the_source(tmp_path):

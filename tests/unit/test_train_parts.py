@@ -127,11 +127,18 @@ def test_dev_tasks_take_families_in_turn_and_leave_out_what_the_policy_saw(tmp_p
         0,
     )
     assert dev_tasks(prep, ("count",), 9) == ([f"toyterm-count-000{i}" for i in range(3)], 0)
+
     # A repeat matches whatever the case and white space; folders and tables both count.
+    def task_folder(root: Path, instruction: str) -> None:
+        (root / "tests").mkdir(parents=True)
+        (root / "tests" / "test.sh").write_text("exit 0\n")
+        (root / "instruction.md").write_text(instruction)
+
     seen = tmp_path / "seen" / "toyterm-count-0099"
-    seen.mkdir(parents=True)
-    (seen / "instruction.md").write_text("Count the words  in W1.txt\n")
-    other = table([("x", "grep", "GREP for x in g0.txt")], tmp_path / "other.parquet")
+    task_folder(seen, "Count the words  in W1.txt\n")
+    # A task table names its folders relative to itself (or to its prep folder).
+    task_folder(tmp_path / "tasks" / "x", "GREP for x in g0.txt")
+    other = table([("x", "grep", "")], tmp_path / "other.parquet")
     ids, left_out = dev_tasks(prep, (), 9, [seen.parent, other])
     assert left_out == 2
     assert ids == ["toyterm-count-0000", "toyterm-grep-0001", "toyterm-perms-0000",
