@@ -77,9 +77,9 @@ class TasksConfig(_Strict):
     #: Dev tasks evaluated before and after training (0: skip), and samples per task.
     dev_tasks: int = Field(default=16, ge=0)
     dev_samples: int = Field(default=2, ge=1)
-    #: Task tables (``*.parquet``) or task folders the policy or teacher already trained on,
-    #: e.g. another prep run's pools: a dev task repeating one of their instructions is left
-    #: out of the dev measure.
+    #: Task sources the policy or teacher already trained on, as ``warm-start --tasks`` takes
+    #: them (e.g. another prep run's pools): a dev task repeating one of their instructions is
+    #: left out of the dev measure.
     dev_exclude: tuple[Path, ...] = ()
     #: Also warm-start on the prep run's warm-start-only tasks (``terminal/warmstart.parquet``,
     #: written when the prep config has ``warm_start_pool``), when there are any.
