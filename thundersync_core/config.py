@@ -67,6 +67,13 @@ class WarmStartConfig(_Strict):
     steps: int = Field(default=300, ge=1)
     lr: float = Field(default=1e-3, gt=0)
     teacher_steps: int = Field(default=600, ge=1)
+    #: The OPD teacher's start: ``preset``, a fresh model warm-started ``teacher_steps``;
+    #: ``policy``, the policy's warm start continued for ``teacher_steps`` more steps.
+    teacher_init: Literal["preset", "policy"] = "preset"
+    #: A folder keeping warm starts by what makes them (starting weights, steps, lr, seed,
+    #: families, the tasks' files, the warm-start code), so every run with the same ones
+    #: reuses the first; empty: each run folder warm-starts its own.
+    cache_dir: Path | None = None
 
 
 class TasksConfig(_Strict):
@@ -183,10 +190,21 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> T
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a config file are relative to the file's folder."""
-    for section, key in [("tasks", "prep_dir"), ("policy", "path"), ("policy", "teacher_path")]:
+    for section, key in [
+        ("tasks", "prep_dir"),
+        ("policy", "path"),
+        ("policy", "teacher_path"),
+        ("warm_start", "cache_dir"),
+    ]:
         value = (data.get(section) or {}).get(key)
         if isinstance(value, str) and not Path(value).is_absolute():
             data[section][key] = str((base / value).resolve())
+    excluded = (data.get("tasks") or {}).get("dev_exclude")
+    if isinstance(excluded, list):
+        data["tasks"]["dev_exclude"] = [
+            str((base / v).resolve()) if isinstance(v, str) and not Path(v).is_absolute() else v
+            for v in excluded
+        ]
 
 
 def dump_config(config: TrainConfig) -> str:

@@ -18,8 +18,11 @@ with the step and source named; nothing of that step is written.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -151,34 +154,98 @@ def prepare_policies(
     )
     if config.objective != "opd":
         return Path(policy), None
+    from_policy = config.warm_start.teacher_init == "policy"
     teacher = config.policy.teacher_path or _warm(
-        config, out / "warmstart" / "teacher", train_roots, config.warm_start.teacher_steps
+        config,
+        out / "warmstart" / "teacher",
+        train_roots,
+        config.warm_start.teacher_steps,
+        init_from=Path(policy) if from_policy else None,
     )
     return Path(policy), Path(teacher)
 
 
-def _warm(config: TrainConfig, target: Path, roots: Sequence[Path], steps: int) -> Path:
+def _warm(
+    config: TrainConfig,
+    target: Path,
+    roots: Sequence[Path],
+    steps: int,
+    init_from: Path | None = None,
+) -> Path:
+    if config.warm_start.cache_dir is not None:
+        key = warm_start_key(config, roots, steps, init_from)
+        target = Path(config.warm_start.cache_dir) / f"{target.name}-{key[:16]}"
     if (target / "config.json").is_file():
+        if config.warm_start.cache_dir is not None:
+            print(f"[warm start] reusing {target}", flush=True)
         return target
+    # Written beside the target and renamed into place: a folder at the target is complete.
+    scratch = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
     if not config.warm_start.enabled:
         from thundersync_core.policy import build_model, build_tokenizer, save_policy  # noqa: PLC0415
 
         model = build_model(config.policy.preset, seed=config.seed)
-        save_policy(model, build_tokenizer(vocab_size=model.config.vocab_size), target)
-        return target
-    from thundersync_core.warmstart import warm_start  # noqa: PLC0415
+        save_policy(model, build_tokenizer(vocab_size=model.config.vocab_size), scratch)
+    else:
+        from thundersync_core.warmstart import warm_start  # noqa: PLC0415
 
-    summary = warm_start(
-        list(roots),
-        target,
-        preset=config.policy.preset,
-        steps=steps,
-        lr=config.warm_start.lr,
-        seed=config.seed,
-        families=config.tasks.families or None,
-    )
-    print(f"[warm start] {json.dumps(summary)}", flush=True)
+        summary = warm_start(
+            list(roots),
+            scratch,
+            preset=config.policy.preset,
+            steps=steps,
+            lr=config.warm_start.lr,
+            seed=config.seed,
+            families=config.tasks.families or None,
+            init_from=init_from,
+        )
+        summary["out_dir"] = str(target)
+        (scratch / "warmstart.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"[warm start] {json.dumps(summary)}", flush=True)
+    try:
+        scratch.rename(target)
+    except OSError:
+        # Another run with the same key finished first: its folder is the same warm start.
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def warm_start_key(
+    config: TrainConfig, roots: Sequence[Path], steps: int, init_from: Path | None = None
+) -> str:
+    """sha256 over what a warm start depends on: its settings, the starting weights (a
+    preset, or the files of ``init_from``), every file of every task it trains on, and the
+    warm-start, policy and agent code."""
+    from thundersync_core.warmstart.tasks import collect_tasks  # noqa: PLC0415
+
+    families = config.tasks.families or None
+    settings = {
+        "enabled": config.warm_start.enabled,
+        "preset": config.policy.preset if init_from is None else None,
+        "steps": steps,
+        "lr": config.warm_start.lr,
+        "seed": config.seed,
+        "families": sorted(families or []),
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    if init_from is not None:
+        _digest_files(digest, Path(init_from), "init_from")
+    if config.warm_start.enabled:
+        for task in collect_tasks(list(roots), families=families):
+            _digest_files(digest, task.root, task.task_id)
+    package = Path(__file__).resolve().parent
+    for code in ("warmstart", "policy", "rollout"):
+        _digest_files(digest, package / code, code, pattern="*.py")
+    return digest.hexdigest()
+
+
+def _digest_files(digest: Any, root: Path, label: str, pattern: str = "*") -> None:
+    for path in sorted(p for p in root.rglob(pattern) if p.is_file()):
+        digest.update(f"{label}/{path.relative_to(root).as_posix()}".encode())
+        digest.update(path.read_bytes())
 
 
 # -- the run -------------------------------------------------------------------------------

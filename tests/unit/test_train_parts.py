@@ -18,6 +18,16 @@ def test_embedded_config_loads_and_resolves_relative_paths(name: str) -> None:
     config = load_config(CONFIGS / name)
     assert config.tasks.prep_dir == (CONFIGS.parent / "runs" / "prep").resolve()
     assert config.resources.rollout.cores != config.resources.learner.cores
+    if name == "train_embedded.yaml":
+        assert config.warm_start.cache_dir == (CONFIGS.parent / "runs" / "warmstart-cache")
+
+
+def test_relative_pools_to_leave_out_of_dev_are_relative_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "c.yaml"
+    path.parent.mkdir()
+    path.write_text(f"tasks: {{dev_exclude: [../pools/a, {tmp_path / 'b'}]}}\n")
+    config = load_config(path)
+    assert config.tasks.dev_exclude == (tmp_path / "pools" / "a", tmp_path / "b")
 
 
 def test_overrides_beat_the_file_and_errors_name_the_field(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -271,6 +272,27 @@ def test_collect_tasks_reads_a_prep_parquet_and_filters_families(tmp_path):
     assert [t.task_id for t in collect_tasks([FIXTURES / "count-lines"])] == ["count-lines"]
     with pytest.raises(ValueError, match="--families"):
         collect_tasks([FIXTURES], families=["nope"])
+
+
+def test_a_folder_counts_once_and_a_reused_id_is_another_task(tmp_path):
+    # The parquet names the fixture folders through a link: the same two tasks.
+    prep = tmp_path / "prep"
+    (prep / "terminal").mkdir(parents=True)
+    (prep / "tasks").symlink_to(FIXTURES)
+    table = pa.table({"path": ["tasks/write-hello", "tasks/count-lines"]})
+    pq.write_table(table, prep / "terminal" / "train.parquet")
+    both = collect_tasks([prep / "terminal" / "train.parquet", FIXTURES])
+    assert [t.task_id for t in both] == ["count-lines", "write-hello"]
+    # A warm-start pool's folder may carry a train task's id and still be another task.
+    other = tmp_path / "warmstart" / "count-lines"
+    shutil.copytree(FIXTURES / "count-lines", other)
+    (other / "instruction.md").write_text("Count the lines of notes.txt into n.txt.\n")
+    tasks = collect_tasks([FIXTURES, tmp_path / "warmstart"])
+    assert [(t.task_id, t.root) for t in tasks] == [
+        ("count-lines", FIXTURES / "count-lines"),
+        ("count-lines", other),
+        ("write-hello", FIXTURES / "write-hello"),
+    ]
 
 
 def test_cli_names_the_flag_of_a_bad_tasks_path(tmp_path, capsys):

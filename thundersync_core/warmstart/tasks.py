@@ -52,14 +52,16 @@ def _tasks_of(source: Path) -> list[TerminalTask]:
 def collect_tasks(
     sources: Sequence[Path], *, families: Sequence[str] | None = None, limit: int = 0
 ) -> list[TerminalTask]:
-    """The tasks of every source, deduplicated by id, filtered by family, the first ``limit``."""
+    """The tasks of every source, filtered by family, the first ``limit``; a task folder
+    named by two sources counts once. Folders are told apart by path, not by task id: a
+    prep run's warm-start pool reuses the ids of its train split for other tasks."""
     if not sources:
         raise ValueError("--tasks: give at least one task folder or parquet file")
-    by_id: dict[str, TerminalTask] = {}
+    by_folder: dict[Path, TerminalTask] = {}
     for source in sources:
         for task in _tasks_of(source):
-            by_id.setdefault(task.task_id, task)
-    tasks = sorted(by_id.values(), key=lambda t: t.task_id)
+            by_folder.setdefault(task.root.resolve(), task)
+    tasks = sorted(by_folder.values(), key=lambda t: t.task_id)  # stable: sources in order
     if families:
         wanted = set(families)
         tasks = [t for t in tasks if task_family(t) in wanted]

@@ -1,0 +1,73 @@
+"""Warm starts kept by key in ``warm_start.cache_dir``: every run folder with the same
+settings and tasks reuses one, anything that changes the weights makes another, and the
+OPD teacher can continue the policy's warm start instead of starting over."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from thundersync_core.config import load_config
+from thundersync_core.train import load_pool, prepare_policies, warm_start_key
+
+pytestmark = pytest.mark.integration
+
+
+def test_warm_starts_are_kept_by_key_and_the_teacher_continues_the_policy(
+    tmp_path: Path, tiny_prep_dir: Path
+) -> None:
+    prep = tmp_path / "prep"
+    shutil.copytree(tiny_prep_dir, prep)
+    cache = tmp_path / "cache"
+    overrides = {
+        "objective": "opd",
+        "policy.preset": "micro",
+        "tasks.prep_dir": str(prep),
+        "warm_start.steps": 2,
+        "warm_start.teacher_steps": 1,
+        "warm_start.teacher_init": "policy",
+        "warm_start.cache_dir": str(cache),
+    }
+    config = load_config(None, overrides)
+    roots = list(load_pool(prep, "train").values())
+
+    policy, teacher = prepare_policies(config, tmp_path / "run-a", roots)
+    assert policy.parent == teacher.parent == cache
+    assert not (tmp_path / "run-a" / "warmstart").exists()
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == []
+    teacher_summary = json.loads((teacher / "warmstart.json").read_text())
+    assert teacher_summary["init_from"] == str(policy)
+    assert teacher_summary["out_dir"] == str(teacher)
+    assert (teacher_summary["steps"], teacher_summary["preset"]) == (1, None)
+
+    # Another run folder, same settings and tasks: the same folders, not written again.
+    written = (policy / "model.safetensors").stat().st_mtime_ns
+    assert prepare_policies(config, tmp_path / "run-b", roots) == (policy, teacher)
+    assert (policy / "model.safetensors").stat().st_mtime_ns == written
+
+    # A changed setting, or one changed byte in a task, is another warm start.
+    key = warm_start_key(config, roots, 2)
+    assert warm_start_key(config, roots, 3) != key
+    assert warm_start_key(load_config(None, overrides | {"seed": 1}), roots, 2) != key
+    assert warm_start_key(config, roots, 2, init_from=policy) != key
+    assert warm_start_key(config, roots, 2) == key
+    instruction = prep / "tasks" / "count-lines" / "instruction.md"
+    instruction.write_text(instruction.read_text() + " ")
+    assert warm_start_key(config, roots, 2) != key
+
+
+def test_without_a_cache_each_run_folder_warm_starts_its_own(
+    tmp_path: Path, tiny_prep_dir: Path
+) -> None:
+    config = load_config(
+        None,
+        {"policy.preset": "micro", "tasks.prep_dir": str(tiny_prep_dir), "warm_start.steps": 1},
+    )
+    roots = list(load_pool(tiny_prep_dir, "train").values())
+    policy, teacher = prepare_policies(config, tmp_path / "run", roots)
+    assert (policy, teacher) == (tmp_path / "run" / "warmstart" / "policy", None)
+    assert (policy / "config.json").is_file()
+    assert sorted(p.name for p in policy.parent.iterdir()) == ["policy"]
