@@ -203,6 +203,8 @@ def _warm(
         summary["out_dir"] = str(target)
         (scratch / "warmstart.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"[warm start] {json.dumps(summary)}", flush=True)
+    if target.exists() and not (target / "config.json").is_file():
+        shutil.rmtree(target)  # incomplete: written in place by an older version, then stopped
     try:
         scratch.rename(target)
     except OSError:
