@@ -189,6 +189,7 @@ def _warm(
         save_policy(model, build_tokenizer(vocab_size=model.config.vocab_size), scratch)
     else:
         from thundersync_core.warmstart import warm_start  # noqa: PLC0415
+        from thundersync_core.warmstart.sft import SUMMARY_FILE  # noqa: PLC0415
 
         summary = warm_start(
             list(roots),
@@ -201,7 +202,7 @@ def _warm(
             init_from=init_from,
         )
         summary["out_dir"] = str(target)
-        (scratch / "warmstart.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (scratch / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"[warm start] {json.dumps(summary)}", flush=True)
     if target.exists() and not (target / "config.json").is_file():
         shutil.rmtree(target)  # incomplete: written in place by an older version, then stopped

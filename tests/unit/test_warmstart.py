@@ -258,13 +258,18 @@ def test_a_teacher_takes_its_students_tokenizer(tmp_path):
 # -- task sources and the CLI --------------------------------------------------------------------
 
 
-def test_collect_tasks_reads_a_prep_parquet_and_filters_families(tmp_path):
+def _linked_prep_table(tmp_path: Path) -> Path:
+    """A prep ``terminal/train.parquet`` naming the fixture folders through a link."""
     prep = tmp_path / "prep"
     (prep / "terminal").mkdir(parents=True)
     (prep / "tasks").symlink_to(FIXTURES)
     table = pa.table({"path": ["tasks/write-hello", "tasks/count-lines"]})
     pq.write_table(table, prep / "terminal" / "train.parquet")
-    tasks = collect_tasks([prep / "terminal" / "train.parquet"])
+    return prep / "terminal" / "train.parquet"
+
+
+def test_collect_tasks_reads_a_prep_parquet_and_filters_families(tmp_path):
+    tasks = collect_tasks([_linked_prep_table(tmp_path)])
     assert [t.task_id for t in tasks] == ["count-lines", "write-hello"]
     assert [t.task_id for t in collect_tasks([FIXTURES], families=["write-hello"])] == [
         "write-hello"
@@ -275,13 +280,8 @@ def test_collect_tasks_reads_a_prep_parquet_and_filters_families(tmp_path):
 
 
 def test_a_folder_counts_once_and_a_reused_id_is_another_task(tmp_path):
-    # The parquet names the fixture folders through a link: the same two tasks.
-    prep = tmp_path / "prep"
-    (prep / "terminal").mkdir(parents=True)
-    (prep / "tasks").symlink_to(FIXTURES)
-    table = pa.table({"path": ["tasks/write-hello", "tasks/count-lines"]})
-    pq.write_table(table, prep / "terminal" / "train.parquet")
-    both = collect_tasks([prep / "terminal" / "train.parquet", FIXTURES])
+    # The table names the fixture folders through a link: the same two tasks.
+    both = collect_tasks([_linked_prep_table(tmp_path), FIXTURES])
     assert [t.task_id for t in both] == ["count-lines", "write-hello"]
     # A warm-start pool's folder may carry a train task's id and still be another task.
     other = tmp_path / "warmstart" / "count-lines"
