@@ -23,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -180,7 +181,8 @@ def _warm(
             print(f"[warm start] reusing {target}", flush=True)
         return target
     # Written beside the target and renamed into place: a folder at the target is complete.
-    scratch = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    _remove_abandoned_scratch(target)
+    scratch = target.with_name(f"{_scratch_prefix(target)}{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     if not config.warm_start.enabled:
         from thundersync_core.policy import build_model, build_tokenizer, save_policy  # noqa: PLC0415
@@ -243,6 +245,33 @@ def warm_start_key(
     for code in ("warmstart", "policy", "rollout"):
         _digest_files(digest, package / code, code, pattern="*.py")
     return digest.hexdigest()
+
+
+def _scratch_prefix(target: Path) -> str:
+    # The host is in the name: a cache on a shared file system sees other hosts' pids.
+    return f".{target.name}.partial-{socket.gethostname()}-"
+
+
+def _remove_abandoned_scratch(target: Path) -> None:
+    """Removes this host's scratch folders of warm starts into ``target`` whose process is
+    gone (killed mid-way); a live process's scratch, or another host's, is left alone."""
+    prefix = _scratch_prefix(target)
+    if not target.parent.is_dir():
+        return
+    for scratch in target.parent.glob(f"{prefix}*"):
+        pid = scratch.name[len(prefix) :]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _digest_files(digest: Any, root: Path, label: str, pattern: str = "*") -> None:

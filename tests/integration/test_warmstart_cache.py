@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,39 @@ def test_without_a_cache_each_run_folder_warm_starts_its_own(
     assert (policy, teacher) == (tmp_path / "run" / "warmstart" / "policy", None)
     assert (policy / "config.json").is_file()
     assert sorted(p.name for p in policy.parent.iterdir()) == ["policy"]
+
+
+def test_a_killed_warm_starts_scratch_is_removed_and_a_live_ones_kept(
+    tmp_path: Path, tiny_prep_dir: Path
+) -> None:
+    cache = tmp_path / "cache"
+    config = load_config(
+        None,
+        {
+            "policy.preset": "micro",
+            "tasks.prep_dir": str(tiny_prep_dir),
+            "warm_start.steps": 1,
+            "warm_start.cache_dir": str(cache),
+        },
+    )
+    roots = list(load_pool(tiny_prep_dir, "train").values())
+    target = cache / f"policy-{warm_start_key(config, roots, 1)[:16]}"
+    prefix = f".{target.name}.partial-{socket.gethostname()}-"
+    ended = subprocess.Popen(["true"])  # noqa: S607
+    ended.wait()  # its pid now names no process (barring reuse within the test)
+    live = subprocess.Popen(["sleep", "60"])  # noqa: S607
+    try:
+        killed = cache / f"{prefix}{ended.pid}"
+        running = cache / f"{prefix}{live.pid}"
+        other_host = cache / f".{target.name}.partial-elsewhere-{ended.pid}"
+        for folder in (killed, running, other_host):
+            folder.mkdir(parents=True)
+            (folder / "model.safetensors").write_bytes(b"half written")
+        policy, _ = prepare_policies(config, tmp_path / "run", roots)
+        assert policy == target and (policy / "config.json").is_file()
+        assert not killed.exists()
+        assert (running / "model.safetensors").read_bytes() == b"half written"
+        assert other_host.exists()
+    finally:
+        live.kill()
+        live.wait()
