@@ -91,9 +91,9 @@ def test_a_killed_warm_starts_scratch_is_removed_and_a_live_ones_kept(
     roots = list(load_pool(tiny_prep_dir, "train").values())
     target = cache / f"policy-{warm_start_key(config, roots, 1)[:16]}"
     prefix = f".{target.name}.partial-{socket.gethostname()}-"
-    ended = subprocess.Popen(["true"])  # noqa: S607
+    ended = subprocess.Popen(["true"])
     ended.wait()  # its pid now names no process (barring reuse within the test)
-    live = subprocess.Popen(["sleep", "60"])  # noqa: S607
+    live = subprocess.Popen(["sleep", "60"])
     try:
         killed = cache / f"{prefix}{ended.pid}"
         running = cache / f"{prefix}{live.pid}"
@@ -102,7 +102,8 @@ def test_a_killed_warm_starts_scratch_is_removed_and_a_live_ones_kept(
             folder.mkdir(parents=True)
             (folder / "model.safetensors").write_bytes(b"half written")
         policy, _ = prepare_policies(config, tmp_path / "run", roots)
-        assert policy == target and (policy / "config.json").is_file()
+        assert policy == target
+        assert (policy / "config.json").is_file()
         assert not killed.exists()
         assert (running / "model.safetensors").read_bytes() == b"half written"
         assert other_host.exists()
