@@ -20,7 +20,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from thundersync_core.batch import Trajectory
 
 Interval = tuple[float, float]
 
@@ -78,6 +81,13 @@ def measure_peak_flops(seconds: float = 0.5, size: int = 512) -> float:
         a @ b
         n += 1
     return 2.0 * size**3 * n / (time.perf_counter() - t0)
+
+
+def turn_token_versions(traj: Trajectory) -> list[tuple[int, int]]:
+    """(version that sampled it, scored tokens) for each action turn of ``traj``."""
+    versions = (traj.metadata or {}).get("turn_versions") or [traj.policy_version]
+    actions = [s for s in traj.segments if s.kind == "action"]
+    return [(int(v), sum(seg.scored)) for v, seg in zip(versions, actions, strict=False)]
 
 
 def staleness_tokens(

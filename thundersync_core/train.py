@@ -256,8 +256,6 @@ def _remove_abandoned_scratch(target: Path) -> None:
     """Removes this host's scratch folders of warm starts into ``target`` whose process is
     gone (killed mid-way); a live process's scratch, or another host's, is left alone."""
     prefix = _scratch_prefix(target)
-    if not target.parent.is_dir():
-        return
     for scratch in target.parent.glob(f"{prefix}*"):
         pid = scratch.name[len(prefix) :]
         if pid.isdigit() and not _process_alive(int(pid)):

@@ -12,7 +12,7 @@ import torch
 
 from thundersync_core.batch import Trajectory
 from thundersync_core.config import RolloutConfig
-from thundersync_core.metrics import staleness_tokens
+from thundersync_core.metrics import staleness_tokens, turn_token_versions
 from thundersync_core.policy import (
     build_model,
     build_tokenizer,
@@ -22,6 +22,7 @@ from thundersync_core.policy import (
 )
 from thundersync_core.rollout.agent import TurnReady
 from thundersync_core.runtime.rollout_worker import RolloutSpec, RolloutWorker
+from thundersync_core.warmstart.sft import example_tensors
 
 pytestmark = pytest.mark.integration
 TASKS = Path(__file__).parents[1] / "fixtures" / "tasks"
@@ -29,10 +30,9 @@ TASKS = Path(__file__).parents[1] / "fixtures" / "tasks"
 
 def _turn_logprobs(model: torch.nn.Module, traj: Trajectory) -> list[torch.Tensor]:
     """The model's log-prob of each action token, one tensor per action turn."""
-    ids = torch.tensor([[*traj.prompt_ids, *traj.response_ids]])
-    scored = torch.tensor([[False] * len(traj.prompt_ids) + list(traj.response_scored)])
+    ids, scored = example_tensors(traj)
     with torch.no_grad():
-        logp, _ = scored_logprobs(model, ids, scored)
+        logp, _ = scored_logprobs(model, torch.tensor([ids]), torch.tensor([scored]))
     sizes = [sum(s.scored) for s in traj.segments if s.kind == "action"]
     return list(torch.split(logp.flatten(), sizes))
 
@@ -77,15 +77,7 @@ def test_weights_published_mid_trajectory_sample_the_later_turns(
             assert not torch.allclose(sampled, other.float(), atol=1e-2)
     assert spanning == len(trajectories)
     # The learner at version 1 counts the first turns one version old, the rest current.
-    counts = [
-        (v, sum(seg.scored))
-        for traj in trajectories
-        for v, seg in zip(
-            traj.metadata["turn_versions"],
-            [s for s in traj.segments if s.kind == "action"],
-            strict=True,
-        )
-    ]
+    counts = [pair for traj in trajectories for pair in turn_token_versions(traj)]
     lags = staleness_tokens(counts, learner_version=1)
     assert set(lags) == {"0", "1"}
     assert all(lags.values())

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from thundersync_core.batch import Trajectory, Turn
 from thundersync_core.checkpoint import load_checkpoint, save_checkpoint
 from thundersync_core.config import TrainConfig
-from thundersync_core.metrics import FlopLedger, measure_peak_flops
+from thundersync_core.metrics import FlopLedger, measure_peak_flops, turn_token_versions
 from thundersync_core.policy.io import load_model, load_tokenizer
 from thundersync_core.runtime.placement import pin_to_cores
 from thundersync_core.streaming import (
@@ -160,10 +160,7 @@ class LearnerWorker:
             self.services.append({"id": source, "release_s": release_s, "service_s": t1 - t0})
 
     def _count_versions(self, traj: Trajectory) -> None:
-        versions = (traj.metadata or {}).get("turn_versions") or [traj.policy_version]
-        actions = [s for s in traj.segments if s.kind == "action"]
-        for version, segment in zip(versions, actions, strict=False):
-            self.token_versions.append((int(version), sum(segment.scored)))
+        self.token_versions.extend(turn_token_versions(traj))
 
     # -- the barrier and the step ----------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:
