@@ -10,11 +10,13 @@ Batch file (JSONL), one trajectory per line::
     {"group_id": str, "trajectory_id": str, "prompt_ids": [int],
      "segments": [{"kind": "action"|"observation", "ids": [int], "scored": [bool]}],
      "reward": float, "policy_version": int, "teacher_logprobs": [float],
-     "behaviour_logprobs": [float]}
+     "behaviour_logprobs": [float], "teacher_top_ids": [int], "teacher_top_logprobs": [float]}
 
 ``scored``, ``policy_version``, ``teacher_logprobs``, ``behaviour_logprobs`` (the sampling
-policy's log-prob of each scored token, for off-policy correction) and ``metadata`` (rollout
-facts the learner ignores) are optional. ``policy_version`` is the version that sampled the
+policy's log-prob of each scored token, for off-policy correction), ``teacher_top_ids`` and
+``teacher_top_logprobs`` (the teacher's k most likely tokens at each scored position and
+their log-probs, k per token in order, for OPD over the vocabulary) and ``metadata``
+(rollout facts the learner ignores) are optional. ``policy_version`` is the version that sampled the
 trajectory's first token; with in-flight weight updates later turns may be newer.
 """
 
@@ -24,9 +26,11 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+_N = TypeVar("_N", int, float)
 
 
 class BatchFormatError(ValueError):
@@ -62,6 +66,9 @@ class Trajectory:
     metadata: Mapping[str, Any] | None = field(default=None, compare=False)
     #: The sampling policy's log-prob of each scored token, in order (off-policy correction).
     behaviour_logprobs: tuple[float, ...] | None = field(default=None, compare=False)
+    #: The teacher's top-k token ids and log-probs at each scored position, k per token.
+    teacher_top_ids: tuple[int, ...] | None = field(default=None, compare=False)
+    teacher_top_logprobs: tuple[float, ...] | None = field(default=None, compare=False)
 
     @property
     def response_ids(self) -> tuple[int, ...]:
@@ -95,6 +102,9 @@ class Turn:
     policy_version: int = 0
     #: The sampling policy's log-prob of each scored action token (off-policy correction).
     behaviour_logprobs: tuple[float, ...] | None = field(default=None, compare=False)
+    #: The teacher's top-k token ids and log-probs at each scored action token, k per token.
+    teacher_top_ids: tuple[int, ...] | None = field(default=None, compare=False)
+    teacher_top_logprobs: tuple[float, ...] | None = field(default=None, compare=False)
 
     @property
     def action(self) -> Segment | None:
@@ -106,12 +116,16 @@ class Turn:
 def turns_of(traj: Trajectory, teacher_by_turn: Sequence[tuple[float, ...]]) -> list[Turn]:
     """The trajectory's action turns in order; the last one closes the trajectory.
 
-    Each turn carries its share of ``behaviour_logprobs`` and, when the rollout recorded
-    them (``metadata["turn_versions"]``), the policy version that sampled it.
+    Each turn carries its share of ``behaviour_logprobs`` and of the teacher's top-k, and,
+    when the rollout recorded them (``metadata["turn_versions"]``), the policy version that
+    sampled it.
     """
     action_at = [i for i, s in enumerate(traj.segments) if s.kind == "action"]
     versions = (traj.metadata or {}).get("turn_versions") or []
     behaviour = _split_by_action(traj, traj.behaviour_logprobs, action_at)
+    k = top_k_of(traj)
+    top_ids = _split_by_action(traj, traj.teacher_top_ids, action_at, k, "teacher_top_ids")
+    top_lp = _split_by_action(traj, traj.teacher_top_logprobs, action_at, k, "teacher_top_logprobs")
 
     def turn(index: int, segments: tuple[Segment, ...], teacher: tuple[float, ...]) -> Turn:
         return Turn(
@@ -124,6 +138,8 @@ def turns_of(traj: Trajectory, teacher_by_turn: Sequence[tuple[float, ...]]) -> 
             last=index == max(len(action_at) - 1, 0),
             policy_version=int(versions[index]) if index < len(versions) else traj.policy_version,
             behaviour_logprobs=behaviour[index] if behaviour is not None else None,
+            teacher_top_ids=top_ids[index] if top_ids is not None else None,
+            teacher_top_logprobs=top_lp[index] if top_lp is not None else None,
         )
 
     if not action_at:
@@ -133,16 +149,42 @@ def turns_of(traj: Trajectory, teacher_by_turn: Sequence[tuple[float, ...]]) -> 
     ]
 
 
+def top_k_of(traj: Trajectory) -> int:
+    """k of the trajectory's teacher top-k (0: none); refuses mismatched or ragged fields."""
+    ids, logprobs = traj.teacher_top_ids, traj.teacher_top_logprobs
+    if ids is None and logprobs is None:
+        return 0
+    where = f"trajectory {traj.trajectory_id!r}"
+    if ids is None or logprobs is None or len(ids) != len(logprobs):
+        raise BatchFormatError(
+            f"{where}: fields teacher_top_ids and teacher_top_logprobs must come together "
+            "with one log-prob per id"
+        )
+    n = traj.n_scored_tokens
+    if n == 0 and not ids:
+        return 0
+    if n == 0 or len(ids) % n or not ids:
+        raise BatchFormatError(
+            f"{where}: field teacher_top_ids: {len(ids)} values are not k per scored token "
+            f"for {n} scored tokens"
+        )
+    return len(ids) // n
+
+
 def _split_by_action(
-    traj: Trajectory, flat: tuple[float, ...] | None, action_at: list[int]
-) -> list[tuple[float, ...]] | None:
+    traj: Trajectory,
+    flat: tuple[_N, ...] | None,
+    action_at: list[int],
+    per_token: int = 1,
+    name: str = "behaviour_logprobs",
+) -> list[tuple[_N, ...]] | None:
     if flat is None:
         return None
-    counts = [sum(traj.segments[i].scored) for i in action_at]
+    counts = [sum(traj.segments[i].scored) * per_token for i in action_at]
     if len(flat) != sum(counts):
         raise BatchFormatError(
-            f"trajectory {traj.trajectory_id!r}: field behaviour_logprobs: {len(flat)} values "
-            f"for {sum(counts)} scored tokens"
+            f"trajectory {traj.trajectory_id!r}: field {name}: {len(flat)} values "
+            f"for {sum(counts) // max(per_token, 1)} scored tokens"
         )
     out, start = [], 0
     for n in counts:
@@ -182,6 +224,8 @@ class _TrajectoryRecord(BaseModel):
     policy_version: int = 0
     teacher_logprobs: list[float] | None = None
     behaviour_logprobs: list[float] | None = None
+    teacher_top_ids: list[int] | None = None
+    teacher_top_logprobs: list[float] | None = None
     metadata: dict[str, Any] | None = None
 
     def to_trajectory(self) -> Trajectory:
@@ -199,10 +243,14 @@ class _TrajectoryRecord(BaseModel):
             policy_version=self.policy_version,
             teacher_logprobs=teacher,
             metadata=self.metadata,
-            behaviour_logprobs=(
-                tuple(self.behaviour_logprobs) if self.behaviour_logprobs is not None else None
-            ),
+            behaviour_logprobs=_tuple_or_none(self.behaviour_logprobs),
+            teacher_top_ids=_tuple_or_none(self.teacher_top_ids),
+            teacher_top_logprobs=_tuple_or_none(self.teacher_top_logprobs),
         )
+
+
+def _tuple_or_none(values: list[_N] | None) -> tuple[_N, ...] | None:
+    return tuple(values) if values is not None else None
 
 
 def _first_error(err: ValidationError) -> str:
@@ -278,6 +326,10 @@ def trajectory_to_json(traj: Trajectory) -> str:
         record["teacher_logprobs"] = list(traj.teacher_logprobs)
     if traj.behaviour_logprobs is not None:
         record["behaviour_logprobs"] = list(traj.behaviour_logprobs)
+    if traj.teacher_top_ids is not None:
+        record["teacher_top_ids"] = list(traj.teacher_top_ids)
+    if traj.teacher_top_logprobs is not None:
+        record["teacher_top_logprobs"] = list(traj.teacher_top_logprobs)
     if traj.metadata is not None:
         record["metadata"] = dict(traj.metadata)
     return json.dumps(record)

@@ -78,7 +78,7 @@ def start_rig(config: TrainConfig, out_dir: Path) -> BenchRig:
     teacher = None
     if teacher_dir is not None:
         teacher = remote_role(TeacherWorker, res.teacher).remote(
-            teacher_dir, cores=res.teacher.cores
+            teacher_dir, cores=res.teacher.cores, top_k=config.opd_teacher_top_k
         )
     # The two learners share the learner's cores and its share of Ray's CPUs: one of them
     # works at a time.

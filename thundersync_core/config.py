@@ -126,6 +126,10 @@ class TrainConfig(_Strict):
     max_staleness: int = Field(default=1, ge=0)
     #: Truncation of importance weights for the off-policy schedules.
     is_clip: float = Field(default=2.0, gt=0)
+    #: OPD: 0 trains on the one-sample reverse-KL estimate at each sampled token (only the
+    #: teacher's log-prob of that token travels); k > 0 has the teacher send its k most
+    #: likely tokens per position and trains on the reverse KL over the whole vocabulary.
+    opd_teacher_top_k: int = Field(default=0, ge=0)
     checkpoint_every: int = Field(default=2, ge=1)
     #: Sync's learner: the same per-source executor as thundersync (the default, so the
     #: two differ only in schedule) or the padded whole-batch learner.

@@ -562,7 +562,7 @@ def _start_roles(
     teacher = None
     if teacher_dir is not None:
         teacher = remote_role(TeacherWorker, res.teacher).remote(
-            teacher_dir, cores=res.teacher.cores
+            teacher_dir, cores=res.teacher.cores, top_k=config.opd_teacher_top_k
         )
     import ray  # noqa: PLC0415
 

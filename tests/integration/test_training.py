@@ -103,6 +103,43 @@ def test_sync_and_thundersync_agree_on_the_first_step(tmp_path, tiny_prep_dir, s
     )
 
 
+def test_opd_over_the_teachers_top_k_agrees_between_sync_and_thundersync(
+    tmp_path, tiny_prep_dir, solver_policy_dir, tiny_policy_dir
+):
+    """The teacher actor sends its top-k per token, both schedules' learners train on the
+    KL over the vocabulary, and their first updates agree."""
+    updates, metrics = {}, {}
+    start = load_file(str(solver_policy_dir / "model.safetensors"))
+    for schedule in ("sync", "thundersync"):
+        config = _config_file(
+            tmp_path,
+            tiny_prep_dir,
+            solver_policy_dir,
+            objective="opd",
+            schedule=schedule,
+            opd_teacher_top_k=4,
+            policy__teacher_path=str(tiny_policy_dir),
+        )
+        train(load_config(config), tmp_path / schedule)
+        after = _weights(tmp_path / schedule, 1)
+        updates[schedule] = {k: after[k] - start[k] for k in start}
+        metrics[schedule] = json.loads(
+            (tmp_path / schedule / "metrics.jsonl").read_text().splitlines()[0]
+        )
+    norm = torch.sqrt(sum((u**2).sum() for u in updates["sync"].values()))
+    diff = torch.sqrt(
+        sum(((updates["sync"][k] - updates["thundersync"][k]) ** 2).sum() for k in start)
+    )
+    assert float(norm) > 0
+    assert float(diff / norm) < 1e-3
+    # A random teacher is far from the student: the KL over the vocabulary is large.
+    assert metrics["sync"]["loss"] > 1.0
+    assert metrics["sync"]["loss"] == pytest.approx(metrics["thundersync"]["loss"], rel=1e-4)
+    assert metrics["sync"]["reverse_kl"] == pytest.approx(
+        metrics["thundersync"]["reverse_kl"], rel=1e-4
+    )
+
+
 def _run_and_kill(config: Path, out: Path) -> None:
     """Start ``thundersync train`` and kill its whole process group mid-run, right after
     the first checkpoint is complete (the second step is then in flight)."""

@@ -14,6 +14,19 @@ scored the turn, so a turn's term of L is final the moment its scores land and i
 can run at once. Gradient a later turn sends into an earlier turn's keys/values is linear
 in the adjoint, so it is accumulated and replayed through the earlier segment once, at
 trajectory close (the prompt's once per group). 1/N_tok is a scalar applied at the barrier.
+
+With the teacher's top k (``opd_teacher_top_k`` > 0) each token's term is the reverse KL
+at its position taken over the whole vocabulary instead of its one-sample estimate:
+
+    L = (1/N_tok) * sum_t sum_v pi(v | ctx_t) (log pi(v | ctx_t) - log q^_t(v))
+
+q^_t is the teacher's top-k log-probs at position t, its remaining mass spread evenly over
+the other V - k tokens. Its gradient is the expectation, over the token at t, of the
+one-sample gradient above: the same objective, without the variance of one sampled token
+(the sampled estimate barely moves a student towards a teacher token it rarely samples).
+A term still depends only on its own turn's teacher scores, so streaming stays exact. The
+KL is exact at each visited position, so off-policy samples need no per-token importance
+weight (which corrects the choice of the sampled token, not the visited state).
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ import math
 
 import torch
 
-from thundersync_core.batch import Trajectory
+from thundersync_core.batch import Trajectory, Turn
 
 
 class TeacherScoreError(ValueError):
@@ -41,6 +54,36 @@ def turn_loss(
     log_ratio_N = (logprobs_N - teacher_N).detach()
     weights_N = log_ratio_N if is_weights_N is None else log_ratio_N * is_weights_N
     return (weights_N * logprobs_N).sum(), log_ratio_N.sum()
+
+
+#: Floor on the teacher's mass outside its top k: float32 log-probs cannot resolve less.
+TAIL_MASS_FLOOR = 1e-6
+
+
+def vocab_kl(
+    logp_NV: torch.Tensor, top_ids_NK: torch.Tensor, top_logprobs_NK: torch.Tensor
+) -> torch.Tensor:
+    """KL(pi || q^) at each of N positions over the whole vocabulary, q^ the teacher's top-k
+    log-probs with the rest of its mass (at least ``TAIL_MASS_FLOOR``) spread evenly."""
+    n_vocab, k = logp_NV.shape[-1], top_ids_NK.shape[-1]
+    top_NK = top_logprobs_NK.to(logp_NV.dtype)
+    tail_N = (1.0 - top_NK.exp().sum(-1)).clamp_min(TAIL_MASS_FLOOR) / max(n_vocab - k, 1)
+    logq_NV = tail_N.log()[:, None].expand_as(logp_NV).scatter(-1, top_ids_NK, top_NK)
+    return (logp_NV.exp() * (logp_NV - logq_NV)).sum(-1)
+
+
+def turn_vocab_loss(
+    logp_NV: torch.Tensor,
+    targets_N: torch.Tensor,
+    teacher_N: torch.Tensor,
+    top_ids_NK: torch.Tensor,
+    top_logprobs_NK: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum_t KL_t(pi || q^_t) over one turn's (or rows') scored tokens, and the sampled
+    tokens' sum_t (log pi_t - q_t) (detached: the same reverse-KL estimate as ``turn_loss``)."""
+    sampled_N = logp_NV.gather(-1, targets_N[:, None])[:, 0]
+    log_ratio = (sampled_N - teacher_N).detach().sum()
+    return vocab_kl(logp_NV, top_ids_NK, top_logprobs_NK).sum(), log_ratio
 
 
 def batch_scale(n_scored_tokens: int) -> float:
@@ -62,6 +105,28 @@ def check_turn_scores(
             raise TeacherScoreError(
                 f"trajectory {trajectory_id!r} turn {turn}: teacher log-prob {value} is not finite"
             )
+
+
+def check_turn_top(turn: Turn, n_scored: int, k: int, vocab_size: int) -> None:
+    """Refuse a turn whose teacher top-k is missing, miscounted, out of the vocabulary or
+    not a log-probability, naming trajectory and turn."""
+    where = f"trajectory {turn.trajectory_id!r} turn {turn.index}"
+    ids, logprobs = turn.teacher_top_ids, turn.teacher_top_logprobs
+    if ids is None or logprobs is None:
+        raise TeacherScoreError(f"{where}: no teacher top-{k} (opd_teacher_top_k is {k})")
+    if len(ids) != n_scored * k or len(logprobs) != n_scored * k:
+        raise TeacherScoreError(
+            f"{where}: {len(ids)} teacher top ids and {len(logprobs)} log-probs for "
+            f"{n_scored} scored tokens x top-{k}"
+        )
+    bad_id = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if bad_id is not None:
+        raise TeacherScoreError(
+            f"{where}: teacher top id {bad_id} out of range for vocabulary of {vocab_size}"
+        )
+    bad = next((q for q in logprobs if not (math.isfinite(q) and q <= 0.0)), None)
+    if bad is not None:
+        raise TeacherScoreError(f"{where}: teacher top log-prob {bad} is not a finite log-prob")
 
 
 def split_by_turn(traj: Trajectory) -> list[tuple[float, ...]]:

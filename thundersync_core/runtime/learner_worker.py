@@ -56,9 +56,16 @@ def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> 
             max_lag=lag,
             is_clip=is_clip,
         )
+    top_k = config.opd_teacher_top_k
     if batched:
-        return SyncOPDLearner(model, policy_version=version)  # type: ignore[arg-type]
-    return StreamingOPDLearner(model, policy_version=version, max_lag=lag, is_clip=is_clip)  # type: ignore[arg-type]
+        return SyncOPDLearner(model, policy_version=version, teacher_top_k=top_k)  # type: ignore[arg-type]
+    return StreamingOPDLearner(
+        model,  # type: ignore[arg-type]
+        policy_version=version,
+        max_lag=lag,
+        is_clip=is_clip,
+        teacher_top_k=top_k,
+    )
 
 
 class LearnerWorker:

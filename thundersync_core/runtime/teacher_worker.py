@@ -5,36 +5,45 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from thundersync_core.batch import Trajectory, Turn, turns_of
 from thundersync_core.policy.io import load_model
 from thundersync_core.runtime.placement import pin_to_cores
-from thundersync_core.teacher import Teacher
+from thundersync_core.teacher import Teacher, TurnScores
 
 
 class TeacherWorker:
-    def __init__(self, model_dir: Path, *, cores: tuple[int, ...] = ()) -> None:
+    def __init__(self, model_dir: Path, *, cores: tuple[int, ...] = (), top_k: int = 0) -> None:
         pin_to_cores(cores)
         model = load_model(model_dir)
         for p in model.parameters():
             p.requires_grad_(False)
-        self.teacher = Teacher(model)
+        self.teacher = Teacher(model, top_k=top_k)
 
     def ready(self) -> bool:
         return True
 
     @torch.no_grad()
     def score_turn(self, turn: Turn) -> tuple[Turn, float]:
-        """The turn with its teacher log-probs, and the time they were fixed (its release)."""
-        scores = self.teacher.score(turn)
-        return dataclasses.replace(turn, teacher_logprobs=scores), time.time()
+        """The turn with its teacher scores, and the time they were fixed (its release)."""
+        scores = self.teacher.score_turn(turn)
+        return dataclasses.replace(turn, **self._fields([scores])), time.time()
 
     @torch.no_grad()
     def score_trajectory(self, traj: Trajectory) -> tuple[Trajectory, float]:
         """Every action turn of a finished trajectory, scored in order."""
         actions = sum(1 for s in traj.segments if s.kind == "action")
         turns = turns_of(traj, [()] * max(actions, 1))
-        scores = tuple(q for turn in turns for q in self.teacher.score(turn))
-        return dataclasses.replace(traj, teacher_logprobs=scores), time.time()
+        scores = [self.teacher.score_turn(turn) for turn in turns]
+        return dataclasses.replace(traj, **self._fields(scores)), time.time()
+
+    def _fields(self, scores: list[TurnScores]) -> dict[str, Any]:
+        """The record fields of these turns' scores, in turn order."""
+        fields: dict[str, Any] = {"teacher_logprobs": tuple(q for s in scores for q in s.logprobs)}
+        if self.teacher.top_k:
+            fields["teacher_top_ids"] = tuple(i for s in scores for i in s.top_ids)
+            fields["teacher_top_logprobs"] = tuple(q for s in scores for q in s.top_logprobs)
+        return fields

@@ -32,12 +32,15 @@ from thundersync_core.batch import Trajectory, Turn, turns_of
 from thundersync_core.objectives.opd import (
     batch_scale,
     check_turn_scores,
+    check_turn_top,
     split_by_turn,
     turn_loss,
+    turn_vocab_loss,
 )
 from thundersync_core.policy.logprobs import cache_from_flat, chunk_forward
 from thundersync_core.streaming.base import LearnerBase, LearnerRefusal
 from thundersync_core.streaming.prefix import SharedPrefix
+from thundersync_core.streaming.vocab import chunk_vocab_forward
 
 SEQ_DIM = -2  # keys/values are [batch, kv_heads, positions, head_dim]
 
@@ -87,6 +90,7 @@ class StreamingOPDLearner(LearnerBase):
         policy_version: int = 0,
         max_lag: int = 0,
         is_clip: float | None = None,
+        teacher_top_k: int = 0,
     ) -> None:
         super().__init__(
             model,
@@ -95,6 +99,10 @@ class StreamingOPDLearner(LearnerBase):
             max_lag=max_lag,
             is_clip=is_clip,
         )
+        #: 0: the one-sample reverse-KL loss; k: the reverse KL over the vocabulary against
+        #: the teacher's top k (every turn must carry them).
+        self.teacher_top_k = teacher_top_k
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         #: (trajectory_id, positions recomputed) for every trajectory replay, in order.
         self.replay_log: list[tuple[str, int]] = []
 
@@ -120,6 +128,8 @@ class StreamingOPDLearner(LearnerBase):
         action = turn.action
         n_scored = sum(action.scored) if action is not None else 0
         check_turn_scores(turn.trajectory_id, turn.index, n_scored, turn.teacher_logprobs)
+        if self.teacher_top_k:
+            check_turn_top(turn, n_scored, self.teacher_top_k, self.vocab_size)
         self._n_sources += 1
         self._n_scored_tokens += n_scored
         if action is not None and action.ids:
@@ -190,23 +200,30 @@ class StreamingOPDLearner(LearnerBase):
         leaves = self._context_leaves(state)
         cache = cache_from_flat(leaves)
         with torch.set_grad_enabled(bool(scored_T.any())):
-            logprobs_N, new_kv = chunk_forward(self.model, ids_T, targets_T, scored_T, cache)
+            if self.teacher_top_k:
+                logp_NV, new_kv = chunk_vocab_forward(self.model, ids_T, scored_T, cache)
+                targets_N = targets_T[scored_T]
+                logprobs_N = logp_NV.gather(-1, targets_N[:, None])[:, 0]
+            else:
+                logprobs_N, new_kv = chunk_forward(self.model, ids_T, targets_T, scored_T, cache)
         self._stats["turn_forwards"] += 1
         if logprobs_N.numel():
+            source = f"trajectory {turn.trajectory_id!r} turn {turn.index}"
             teacher_N = torch.tensor(
                 turn.teacher_logprobs, dtype=logprobs_N.dtype, device=self.device
             )
-            weights_N = self._importance_weights(
-                f"trajectory {turn.trajectory_id!r} turn {turn.index}",
-                logprobs_N,
-                turn.behaviour_logprobs,
-            )
-            loss, log_ratio = turn_loss(logprobs_N, teacher_N, weights_N)
-            if not torch.isfinite(loss):
-                raise LearnerRefusal(
-                    f"trajectory {turn.trajectory_id!r} turn {turn.index}: its loss is "
-                    f"{float(loss)} (not finite)"
+            # Over the vocabulary the KL at a visited position is exact: the weights are
+            # counted (the run's importance-weight record) but not applied.
+            weights_N = self._importance_weights(source, logprobs_N, turn.behaviour_logprobs)
+            if self.teacher_top_k:
+                top_ids_NK, top_logprobs_NK = self._turn_top(turn, logp_NV.dtype)
+                loss, log_ratio = turn_vocab_loss(
+                    logp_NV, targets_N, teacher_N, top_ids_NK, top_logprobs_NK
                 )
+            else:
+                loss, log_ratio = turn_loss(logprobs_N, teacher_N, weights_N)
+            if not torch.isfinite(loss):
+                raise LearnerRefusal(f"{source}: its loss is {float(loss)} (not finite)")
             grads = torch.autograd.grad(loss, self.params + leaves, allow_unused=True)
             self._add_grads(grads[: len(self.params)])
             self._spread_context_adjoint(state, leaves, grads[len(self.params) :])
@@ -214,6 +231,12 @@ class StreamingOPDLearner(LearnerBase):
             self._stats["turn_backwards"] += 1
         self._append_kv(state, [t.detach() for t in new_kv])
         state.last_chunk_start, state.forwarded = done, end - 1
+
+    def _turn_top(self, turn: Turn, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        k = self.teacher_top_k
+        ids = torch.tensor(turn.teacher_top_ids, device=self.device).view(-1, k)
+        logprobs = torch.tensor(turn.teacher_top_logprobs, dtype=dtype, device=self.device)
+        return ids, logprobs.view(-1, k)
 
     def _spread_context_adjoint(
         self,
