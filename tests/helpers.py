@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 
 import torch
 
-from thundersync_core.batch import Segment, Trajectory
+from thundersync_core.batch import Segment, Trajectory, turns_of
+from thundersync_core.objectives.opd import TAIL_MASS_FLOOR, split_by_turn
+from thundersync_core.policy import build_model
+from thundersync_core.teacher import Teacher
 
 
 def random_batch(
@@ -137,3 +141,51 @@ def multi_turn_batch(seed: int, vocab: int, n_groups: int = 2, group_size: int =
                 segments.append(Segment.action(ids, [rng.random() < 0.85 for _ in range(n)]))
             batch.append(Trajectory(f"g{g}", f"g{g}-t{i}", prompt, tuple(segments), 0.0))
     return with_teacher(batch, seed)
+
+
+def scored_positions(traj):
+    tokens = list(traj.prompt_ids) + list(traj.response_ids)
+    scored = [False] * len(traj.prompt_ids) + list(traj.response_scored)
+    return tokens, [p for p in range(1, len(tokens)) if scored[p]]
+
+
+def with_real_teacher(batch, k, dtype=torch.float64):
+    """Every trajectory scored by a real (micro) teacher, turn by turn."""
+    teacher = Teacher(build_model("micro", seed=99, dtype=dtype), top_k=k)
+    out = []
+    for traj in batch:
+        scores = [teacher.score_turn(t) for t in turns_of(traj, split_by_turn(traj))]
+        out.append(
+            dataclasses.replace(
+                traj,
+                teacher_logprobs=tuple(q for s in scores for q in s.logprobs),
+                teacher_top_ids=tuple(i for s in scores for i in s.top_ids),
+                teacher_top_logprobs=tuple(q for s in scores for q in s.top_logprobs),
+            )
+        )
+    return out
+
+
+def reference_vocab_kl(model, batch, k):
+    """(L, grad L): L = (1/N) sum_t sum_v pi_t(v) (log pi_t(v) - log q^_t(v)), one backward."""
+    model.zero_grad(set_to_none=True)
+    n_tokens = sum(t.n_scored_tokens for t in batch)
+    total = torch.zeros((), dtype=next(model.parameters()).dtype)
+    for traj in batch:
+        tokens, positions = scored_positions(traj)
+        logp = torch.log_softmax(model(input_ids=torch.tensor([tokens])).logits[0], -1)
+        n_vocab = logp.shape[-1]
+        for j, pos in enumerate(positions):
+            ids = traj.teacher_top_ids[j * k : (j + 1) * k]
+            top = traj.teacher_top_logprobs[j * k : (j + 1) * k]
+            rest = max(1.0 - sum(math.exp(q) for q in top), TAIL_MASS_FLOOR) / (n_vocab - k)
+            row = logp[pos - 1]
+            logq = torch.full_like(row, math.log(rest)).detach()
+            for i, q in zip(ids, top, strict=True):
+                logq[i] = q
+            total = total + (row.exp() * (row - logq)).sum()
+    loss = total / n_tokens
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return float(loss.detach()), grads

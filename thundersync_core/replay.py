@@ -24,7 +24,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from thundersync_core.batch import Trajectory, Turn, check_token_range, read_batch, turns_of
+from thundersync_core.batch import (
+    BatchFormatError,
+    Trajectory,
+    Turn,
+    check_token_range,
+    read_batch,
+    top_k_of,
+    turns_of,
+)
 from thundersync_core.objectives.grpo import LossAgg
 from thundersync_core.objectives.opd import split_by_turn
 from thundersync_core.policy.io import load_model
@@ -63,8 +71,10 @@ def replay(
         raise ValueError(f"--dtype {dtype!r}: choose one of {sorted(DTYPES)}")
     trajectories = read_batch(batch_path)
     teacher_turns: dict[str, list[tuple[float, ...]]] = {}
+    top_k = 0
     if objective == "opd":
         teacher_turns = {t.trajectory_id: split_by_turn(t) for t in trajectories}
+        top_k = _batch_top_k(trajectories, batch_path)
     model = load_model(model_dir, dtype=DTYPES[dtype])
     check_token_range(trajectories, int(model.config.vocab_size))
 
@@ -80,7 +90,7 @@ def replay(
             rng=rng,
         )
     else:
-        learner = _feed_opd(model, trajectories, teacher_turns, schedule, rng)
+        learner = _feed_opd(model, trajectories, teacher_turns, schedule, rng, top_k=top_k)
     result = learner.finish()
     wall_s = time.perf_counter() - start_s
 
@@ -90,6 +100,7 @@ def replay(
         "gradient_of": "J (ascent)" if objective == "grpo" else "L (descent)",
         "schedule": schedule,
         "loss_agg": loss_agg if objective == "grpo" else "token-mean",
+        **({"teacher_top_k": top_k} if objective == "opd" else {}),
         "dtype": dtype,
         "seed": seed,
         "n_sources": result.n_sources,
@@ -135,20 +146,39 @@ def _feed_opd(
     teacher_turns: dict[str, list[tuple[float, ...]]],
     schedule: Schedule,
     rng: random.Random,
+    *,
+    top_k: int,
 ) -> LearnerBase:
     version = min(t.policy_version for t in trajectories)
     if schedule == "sync":
-        sync = SyncOPDLearner(model, policy_version=version)
+        sync = SyncOPDLearner(model, policy_version=version, teacher_top_k=top_k)
         sync.begin_batch(groups_of(trajectories))
         for traj in trajectories:
             sync.submit(traj)
         return sync
-    stream = StreamingOPDLearner(model, policy_version=version)
+    stream = StreamingOPDLearner(model, policy_version=version, teacher_top_k=top_k)
     stream.begin_batch(groups_of(trajectories))
     turns = {t.trajectory_id: turns_of(t, teacher_turns[t.trajectory_id]) for t in trajectories}
     for turn in interleave(turns, rng):
         stream.submit_turn(turn)
     return stream
+
+
+def _batch_top_k(trajectories: list[Trajectory], source: Path) -> int:
+    """The k of the batch's teacher top-k (0: none); every trajectory must have the same."""
+    first: tuple[str, int] | None = None
+    for traj in trajectories:
+        if traj.n_scored_tokens == 0:
+            continue
+        k = top_k_of(traj)
+        if first is None:
+            first = (traj.trajectory_id, k)
+        elif k != first[1]:
+            raise BatchFormatError(
+                f"{source}: trajectory {traj.trajectory_id!r}: teacher top-{k}, but "
+                f"{first[0]!r} has top-{first[1]} (one k per batch)"
+            )
+    return first[1] if first is not None else 0
 
 
 def interleave(queues: dict[str, list[Turn]], rng: random.Random) -> list[Turn]:

@@ -15,7 +15,9 @@ from tests.helpers import (
     random_batch,
     reference_grad_j,
     reference_grad_l,
+    reference_vocab_kl,
     rel_diff,
+    with_real_teacher,
 )
 from thundersync_core.batch import trajectory_to_json
 from thundersync_core.policy import load_model
@@ -134,3 +136,40 @@ def test_replay_opd_refuses_missing_teacher_scores_naming_the_turn(
     assert f"trajectory {records[3]['trajectory_id']!r}" in done.stderr
     assert "per turn" in done.stderr
     assert not out.exists()
+
+
+def test_replay_opd_with_the_teachers_top_k(micro_model_dir, tmp_path):
+    """A batch whose records carry the teacher's top-k replays the KL over the vocabulary:
+    sync and stream equal the reference; a batch mixing two k is refused."""
+    batch = with_real_teacher(multi_turn_batch(seed=33, vocab=1024), 4)
+    path = tmp_path / "top.jsonl"
+    path.write_text("".join(trajectory_to_json(t) + "\n" for t in batch))
+    outs = []
+    for schedule in ("sync", "stream"):
+        out = tmp_path / schedule
+        done = thundersync(
+            "replay", "--model", str(micro_model_dir), "--batch", str(path),
+            "--objective", "opd", "--schedule", schedule, "--dtype", "float64",
+            "--out", str(out),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        outs.append(out / "gradient.safetensors")
+        assert json.loads((out / "summary.json").read_text())["teacher_top_k"] == 4
+    model = load_model(micro_model_dir, dtype=torch.float64)
+    _, ref = reference_vocab_kl(model, batch, 4)
+    for out in outs:
+        assert rel_diff(ref, load_file(str(out))) <= 1e-10
+
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    k8 = with_real_teacher([batch[2]], 8)[0]
+    records[2]["teacher_top_ids"] = list(k8.teacher_top_ids or ())
+    records[2]["teacher_top_logprobs"] = list(k8.teacher_top_logprobs or ())
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in records))
+    done = thundersync(
+        "replay", "--model", str(micro_model_dir), "--batch", str(mixed),
+        "--objective", "opd", "--out", str(tmp_path / "mixed-out"),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"trajectory {records[2]['trajectory_id']!r}: teacher top-8" in done.stderr
+    assert not (tmp_path / "mixed-out").exists()

@@ -9,13 +9,18 @@ sums pi (log pi - log q^) over the vocabulary and takes one backward.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 
 import pytest
 import torch
 
-from tests.helpers import multi_turn_batch, rel_diff
+from tests.helpers import (
+    multi_turn_batch,
+    reference_vocab_kl,
+    rel_diff,
+    scored_positions,
+    with_real_teacher,
+)
 from thundersync_core.batch import (
     BatchFormatError,
     parse_batch_lines,
@@ -23,7 +28,6 @@ from thundersync_core.batch import (
     turns_of,
 )
 from thundersync_core.objectives.opd import (
-    TAIL_MASS_FLOOR,
     TeacherScoreError,
     split_by_turn,
     turn_loss,
@@ -36,54 +40,6 @@ from thundersync_core.teacher import Teacher
 
 K = 8
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
-
-
-def scored_positions(traj):
-    tokens = list(traj.prompt_ids) + list(traj.response_ids)
-    scored = [False] * len(traj.prompt_ids) + list(traj.response_scored)
-    return tokens, [p for p in range(1, len(tokens)) if scored[p]]
-
-
-def with_real_teacher(batch, k, dtype=torch.float64):
-    """Every trajectory scored by a real (micro) teacher, turn by turn."""
-    teacher = Teacher(build_model("micro", seed=99, dtype=dtype), top_k=k)
-    out = []
-    for traj in batch:
-        scores = [teacher.score_turn(t) for t in turns_of(traj, split_by_turn(traj))]
-        out.append(
-            dataclasses.replace(
-                traj,
-                teacher_logprobs=tuple(q for s in scores for q in s.logprobs),
-                teacher_top_ids=tuple(i for s in scores for i in s.top_ids),
-                teacher_top_logprobs=tuple(q for s in scores for q in s.top_logprobs),
-            )
-        )
-    return out
-
-
-def reference_vocab_kl(model, batch, k):
-    """(L, grad L): L = (1/N) sum_t sum_v pi_t(v) (log pi_t(v) - log q^_t(v)), one backward."""
-    model.zero_grad(set_to_none=True)
-    n_tokens = sum(t.n_scored_tokens for t in batch)
-    total = torch.zeros((), dtype=next(model.parameters()).dtype)
-    for traj in batch:
-        tokens, positions = scored_positions(traj)
-        logp = torch.log_softmax(model(input_ids=torch.tensor([tokens])).logits[0], -1)
-        n_vocab = logp.shape[-1]
-        for j, pos in enumerate(positions):
-            ids = traj.teacher_top_ids[j * k : (j + 1) * k]
-            top = traj.teacher_top_logprobs[j * k : (j + 1) * k]
-            rest = max(1.0 - sum(math.exp(q) for q in top), TAIL_MASS_FLOOR) / (n_vocab - k)
-            row = logp[pos - 1]
-            logq = torch.full_like(row, math.log(rest)).detach()
-            for i, q in zip(ids, top, strict=True):
-                logq[i] = q
-            total = total + (row.exp() * (row - logq)).sum()
-    loss = total / n_tokens
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    return float(loss.detach()), grads
 
 
 def run_stream(model, batch, seed, **kwargs):
