@@ -112,6 +112,8 @@ def check_turn_top(turn: Turn, n_scored: int, k: int, vocab_size: int) -> None:
     not a log-probability, naming trajectory and turn."""
     where = f"trajectory {turn.trajectory_id!r} turn {turn.index}"
     ids, logprobs = turn.teacher_top_ids, turn.teacher_top_logprobs
+    if n_scored == 0 and not ids and not logprobs:
+        return  # nothing to score: a record without the fields is fine
     if ids is None or logprobs is None:
         raise TeacherScoreError(f"{where}: no teacher top-{k} (opd_teacher_top_k is {k})")
     if len(ids) != n_scored * k or len(logprobs) != n_scored * k:
