@@ -189,3 +189,27 @@ def reference_vocab_kl(model, batch, k):
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return float(loss.detach()), grads
+
+
+def run_opd_stream(model, batch, seed, **learner_kwargs):
+    """The streaming OPD learner fed every turn of ``batch`` in a random order from ``seed``."""
+    from thundersync_core.replay import interleave  # noqa: PLC0415
+    from thundersync_core.streaming import StreamingOPDLearner, groups_of  # noqa: PLC0415
+
+    learner = StreamingOPDLearner(model, **learner_kwargs)
+    learner.begin_batch(groups_of(batch))
+    turns = {t.trajectory_id: turns_of(t, split_by_turn(t)) for t in batch}
+    for turn in interleave(turns, random.Random(seed)):
+        learner.submit_turn(turn)
+    return learner, learner.finish()
+
+
+def run_opd_sync(model, batch, **learner_kwargs):
+    """The whole-batch OPD learner fed ``batch``."""
+    from thundersync_core.streaming import SyncOPDLearner, groups_of  # noqa: PLC0415
+
+    learner = SyncOPDLearner(model, **learner_kwargs)
+    learner.begin_batch(groups_of(batch))
+    for traj in batch:
+        learner.submit(traj)
+    return learner.finish()

@@ -9,17 +9,15 @@ error. Tolerances as for GRPO: float64 1e-10, float32 1e-5.
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import multi_turn_batch, reference_grad_l, rel_diff
+from tests.helpers import multi_turn_batch, reference_grad_l, rel_diff, run_opd_stream, run_opd_sync
 from thundersync_core.batch import Segment, turns_of
 from thundersync_core.objectives.opd import TeacherScoreError, split_by_turn
-from thundersync_core.replay import interleave
 from thundersync_core.streaming import (
     GroupSpec,
     LearnerRefusal,
@@ -31,24 +29,12 @@ from thundersync_core.streaming import (
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
-def all_turns(batch):
-    return {t.trajectory_id: turns_of(t, split_by_turn(t)) for t in batch}
-
-
 def run_stream(model, batch, seed):
-    learner = StreamingOPDLearner(model)
-    learner.begin_batch(groups_of(batch))
-    for turn in interleave(all_turns(batch), random.Random(seed)):
-        learner.submit_turn(turn)
-    return learner, learner.finish()
+    return run_opd_stream(model, batch, seed)
 
 
 def run_sync(model, batch):
-    learner = SyncOPDLearner(model)
-    learner.begin_batch(groups_of(batch))
-    for traj in batch:
-        learner.submit(traj)
-    return learner.finish()
+    return run_opd_sync(model, batch)
 
 
 @pytest.fixture(scope="module")

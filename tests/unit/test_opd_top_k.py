@@ -9,7 +9,6 @@ sums pi (log pi - log q^) over the vocabulary and takes one backward.
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 import torch
@@ -18,6 +17,8 @@ from tests.helpers import (
     multi_turn_batch,
     reference_vocab_kl,
     rel_diff,
+    run_opd_stream,
+    run_opd_sync,
     scored_positions,
     with_real_teacher,
 )
@@ -34,7 +35,6 @@ from thundersync_core.objectives.opd import (
     vocab_kl,
 )
 from thundersync_core.policy import build_model
-from thundersync_core.replay import interleave
 from thundersync_core.streaming import StreamingOPDLearner, SyncOPDLearner, groups_of
 from thundersync_core.teacher import Teacher
 
@@ -43,20 +43,11 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
 def run_stream(model, batch, seed, **kwargs):
-    learner = StreamingOPDLearner(model, teacher_top_k=K, **kwargs)
-    learner.begin_batch(groups_of(batch))
-    turns = {t.trajectory_id: turns_of(t, split_by_turn(t)) for t in batch}
-    for turn in interleave(turns, random.Random(seed)):
-        learner.submit_turn(turn)
-    return learner, learner.finish()
+    return run_opd_stream(model, batch, seed, teacher_top_k=K, **kwargs)
 
 
 def run_sync(model, batch):
-    learner = SyncOPDLearner(model, teacher_top_k=K)
-    learner.begin_batch(groups_of(batch))
-    for traj in batch:
-        learner.submit(traj)
-    return learner.finish()
+    return run_opd_sync(model, batch, teacher_top_k=K)
 
 
 @pytest.fixture(scope="module")
