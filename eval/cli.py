@@ -35,6 +35,7 @@ def _add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", default=3, type=int, help="attempts per task")
     p.add_argument("--engine", default="auto", choices=["auto", "vllm", "hf"])
     p.add_argument("--backend", default="local", choices=["local", "docker"])
+    p.add_argument("--image", help="Docker image (--backend docker; default thundersync-sandbox)")
     p.add_argument("--seed", default=0, type=int)
     p.add_argument("--temperature", default=1.0, type=float)
     p.add_argument("--max-turns", default=4, type=int)
@@ -104,6 +105,7 @@ def _settings(args: argparse.Namespace) -> Any:
         temperature=args.temperature,
         seed=args.seed,
         backend=args.backend,
+        docker_image=args.image,
         episodes_per_batch=args.batch,
         grade_timeout_s=args.grade_timeout,
     )

@@ -50,6 +50,7 @@ class EvalSettings:
     temperature: float = 1.0
     seed: int = 0
     backend: str = "local"
+    docker_image: str | None = None
     episodes_per_batch: int = 32
     success_threshold: float = 1.0
     grade_timeout_s: float = 120.0
@@ -192,7 +193,11 @@ def evaluate(
     agent = Agent(
         engine,
         tokenizer,
-        lambda: open_sandbox(settings.backend, limits=limits),  # type: ignore[arg-type]
+        lambda: open_sandbox(
+            settings.backend,  # type: ignore[arg-type]
+            limits=limits,
+            image=settings.docker_image if settings.backend == "docker" else None,
+        ),
         config=config,
         sampling=SamplingConfig(temperature=settings.temperature, stop_token_ids=(end_id,)),
         base_seed=settings.seed,

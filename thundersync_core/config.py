@@ -96,6 +96,8 @@ class TasksConfig(_Strict):
 class RolloutConfig(_Strict):
     engine: Literal["auto", "vllm", "hf"] = "auto"
     backend: Literal["local", "docker"] = "local"
+    #: The Docker backend's image; made locally by ``thundersync sandbox build-image``.
+    docker_image: str = "thundersync-sandbox:latest"
     max_turns: int = Field(default=3, ge=1)
     max_tokens_per_turn: int = Field(default=96, ge=1)
     max_total_tokens: int = Field(default=192, ge=1)

@@ -73,7 +73,12 @@ from tqdm import tqdm
 
 from data_prep import validate_swe
 from data_prep.generators import sdists
-from thundersync_core.rollout.grading import junit_key, parse_junit
+from thundersync_core.rollout.grading import (
+    PYTEST_ENV,
+    junit_key,
+    parse_junit,
+    pytest_argv,
+)
 from thundersync_core.rollout.sandbox import Sandbox, SandboxLimits, open_sandbox
 
 __all__ = [
@@ -121,15 +126,9 @@ _DIGEST_CHARS = 10
 _BASE_COMMIT_CHARS = 12
 _MIN_RUN_TIMEOUT_S = 5.0
 _SLOWDOWN_ALLOWED = 10.0
+# pytest runs as grade_swe runs it (grading.pytest_argv), so outcomes here are the ones
+# rollouts see.
 _REPORT = ".minismith/junit.xml"
-# The flags grade_swe runs pytest with, so that outcomes here are the ones rollouts see.
-_PYTEST = ["python3", "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts="]
-_PYTEST += ["-o", "junit_family=xunit2", "--rootdir", "."]
-_PYTEST_ENV = {
-    "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONHASHSEED": "0",
-}
 _EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 _SECONDS_PER_YEAR = 365 * 24 * 3600
 _MESSAGE_CHARS = 300
@@ -717,9 +716,9 @@ def _limits(timeout_s: float, output_bytes: int = 64 * 1024) -> SandboxLimits:
 
 def _collect(sandbox: Sandbox, project: Project, timeout_s: float) -> list[str]:
     run = sandbox.exec(
-        [*_PYTEST, "--collect-only", "-q", "--", *project.test_files],
+        pytest_argv("python3", None, project.test_files, ["--collect-only"]),
         timeout_s=timeout_s,
-        env=_PYTEST_ENV,
+        env=PYTEST_ENV,
     )
     if run.exit_code != 0 or run.output_truncated:
         status = "timed out" if run.timed_out else f"exit {run.exit_code}"
@@ -733,8 +732,8 @@ def _collect(sandbox: Sandbox, project: Project, timeout_s: float) -> list[str]:
 def _run_suite(
     sandbox: Sandbox, project: Project, node_ids: Sequence[str], timeout_s: float
 ) -> _SuiteRun:
-    argv = [*_PYTEST, f"--junitxml={_REPORT}", "-q", "--", *project.test_files]
-    run = sandbox.exec(argv, timeout_s=timeout_s, env=_PYTEST_ENV)
+    argv = pytest_argv("python3", _REPORT, project.test_files)
+    run = sandbox.exec(argv, timeout_s=timeout_s, env=PYTEST_ENV)
     if run.timed_out:
         return _SuiteRun({}, {}, run.duration_s, f"timed out after {timeout_s:g} s")
     try:

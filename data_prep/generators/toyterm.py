@@ -11,9 +11,10 @@ million parameters can learn some) to multi-step scripts.
 A task folder ``<out_dir>/toyterm-<family>-<nnnn>/`` holds ``task.toml``, ``instruction.md``,
 ``environment/`` (a Dockerfile FROM python:3.11-slim that COPYs the input files, and the
 files), ``solution/solve.sh`` (the reference, run with bash in /app) and ``tests/``:
-``test.sh`` writes 0 to /logs/verifier/reward.txt, then 1 only if ``python3 -I
-test_outputs.py`` passes. ``-I`` keeps files the agent left in /app or $HOME (a
-``sitecustomize``, a user site-packages) out of the verifier's interpreter. The checks and
+``test.sh`` runs ``python3 -I test_outputs.py`` and then, last, replaces
+/logs/verifier with a fresh folder holding reward.txt: 1 if the checks passed, else 0.
+``-I`` keeps files the agent left in /app or $HOME (a ``sitecustomize``, a user
+site-packages) out of the verifier's interpreter. The checks and
 every expected value live in ``test_outputs.py`` (see ``verifier_runtime.py``).
 
 Determinism: task ``n`` of a family draws its parameters from ``random.Random`` seeded with
@@ -22,9 +23,11 @@ Python's per-process hash); files are written with fixed modes, archives with fi
 The same ``(n_tasks, seed)`` gives byte-identical folders, and a larger ``n_tasks`` only
 adds tasks. A draw whose instruction repeats an earlier task's is drawn again.
 
-Known limit: a scripting task runs the agent's script inside the verifier, with the
-verifier's rights; a hostile script could overwrite the reward and kill the verifier. The
-script is in the agent's trajectory for audits (as ``grading.py`` states for SWE tasks).
+A scripting task runs the agent's script inside the verifier, with the verifier's rights.
+So each run gets its own session, killed when the run ends; before exiting, the checks
+kill every process started since the verifier began that is not one of its own (a
+daemon that left the session); the reward is written after that; and a verifier killed
+by a signal (the script killing ``test.sh``) earns 0 from the grader.
 """
 
 from __future__ import annotations
@@ -55,13 +58,15 @@ _RUNTIME_SOURCE = Path(__file__).with_name("toyterm_families") / "verifier_runti
 TEST_SH = """\
 #!/bin/bash
 # Verifier: reward 1 iff every check in test_outputs.py passes on the files in /app.
-# The 0 written first stands if anything below fails, is killed or times out.
-mkdir -p /logs/verifier
-echo 0 > /logs/verifier/reward.txt
-cd /app || exit 0
-if python3 -I /tests/test_outputs.py; then
-  echo 1 > /logs/verifier/reward.txt
+# The reward is written once, last, over whatever the checked programs left in
+# /logs/verifier (the checks kill those programs before they return).
+reward=0
+if cd /app && python3 -I /tests/test_outputs.py; then
+  reward=1
 fi
+rm -rf /logs/verifier
+mkdir -p /logs/verifier
+echo "$reward" > /logs/verifier/reward.txt
 """
 
 

@@ -44,7 +44,9 @@ def box(client):
 
 
 def processes_in(box: DockerSandbox, text: str) -> str:
-    found = box.exec(f"grep -l {text} /proc/[0-9]*/cmdline 2>/dev/null | grep -v self || true")
+    # "[x]" matches x, so the pattern does not match this command's own processes.
+    pattern = f"{text[:-1]}[{text[-1]}]"
+    found = box.exec(f"grep -l '{pattern}' /proc/[0-9]*/cmdline 2>/dev/null || true")
     return found.stdout.strip()
 
 
@@ -82,6 +84,17 @@ def test_fork_bomb_and_loop_are_stopped(box):
     loop = box.exec(f": {marker}; while :; do :; done", timeout_s=2)
     assert loop.timed_out
     assert loop.duration_s < 2 + KILL_SLACK_S
+    assert processes_in(box, marker) == ""
+
+
+def test_a_timed_out_commands_session_leavers_die_too(box):
+    marker = f"tsmark{uuid.uuid4().hex}"
+    # The check is real: without the timeout, the detached loop outlives its exec.
+    box.exec(f"setsid sh -c ': {marker}; sleep 30' > /dev/null 2>&1 < /dev/null &")
+    assert processes_in(box, marker) != ""
+    box.exec(f"pkill -f {marker[:-1]}[{marker[-1]}] || true")
+    result = box.exec(f"setsid sh -c ': {marker}; while :; do :; done' & sleep 60", timeout_s=2)
+    assert result.timed_out
     assert processes_in(box, marker) == ""
 
 

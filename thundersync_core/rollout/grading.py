@@ -1,32 +1,40 @@
 """Rewards from a trajectory's sandbox: SWE-style pytest grading and Harbor verifiers.
 
-A grader runs after the agent, in the agent's sandbox, so it treats everything the agent
-could touch as hostile and reads results only from structured files the agent cannot
-have prepared:
+The policy is an optimizer: whatever the agent could touch is treated as hostile, and a
+reward comes only from a run that nothing of the agent's outlives or precedes. Both
+graders first call ``Sandbox.begin_verification``: no process the agent started is alive
+afterwards, and /tmp (the agent's $HOME, hence any user site-packages) and /logs are
+empty. On Docker, SWE grading moves the workdir into a fresh container from the image,
+which also drops what the agent, root in its container, did to the image's interpreter.
 
 ``grade_swe`` (a repository with a bug, FAIL_TO_PASS and PASS_TO_PASS pytest node ids):
   1. rewrites the pristine test files (re-creating deleted ones) and puts the test
-     harness back as it was before the agent ran: every ``conftest.py`` and pytest/tox/
-     setup.cfg/pyproject configuration, ``sitecustomize.py`` and ``usercustomize.py``
-     (any of them can rewrite outcomes); new ones are deleted;
+     harness back as it was before the agent ran: every ``conftest.py``, pytest/tox/
+     setup.cfg/pyproject configuration (``pytest.ini``, ``pytest.toml`` and their dotted
+     forms), ``sitecustomize.py``/``usercustomize.py`` and the ``__init__.py`` of test
+     folders (any of them can run code or rewrite outcomes); new ones are deleted;
   2. refuses an empty diff: if no file outside the tests and harness differs from the
      snapshot taken before the agent ran (``snapshot_workdir``), the reward is 0;
-  3. runs pytest on the test files with ``--junitxml`` under a fresh random name, with
-     ``addopts`` and plugin autoloading off, and reads each node id's outcome from the XML.
-     Console text is never parsed. Reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test
-     passed; a test missing from the report, skipped or errored counts as failed.
+  3. runs pytest from the sandbox's pinned interpreter (``Sandbox.python``) with the user
+     site off, loading pytest, its built-in plugins and the JUnit writer before the
+     working folder enters ``sys.path`` (so a ``pytest.py``, ``_pytest/`` or ``xml/`` in
+     the repository cannot stand in for them), ``addopts`` and plugin autoloading off,
+     and ``--junitxml`` into a fresh folder under /logs that did not exist while the
+     agent ran. Each node id's outcome is read from that XML; console text is never
+     parsed. Reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test passed; a test missing
+     from the report, skipped or errored counts as failed.
 
-``grade_terminal`` (a Harbor-format task folder): empties ``/logs/verifier`` (so a reward
-written by the agent is gone), installs the task's pristine ``tests/`` at ``/tests``
-(read-only inside the local sandbox), runs ``bash /tests/test.sh`` with the task's verifier
-timeout, and reads ``/logs/verifier/reward.txt`` (a float) or ``reward.json``
-(``{"reward": x}``). Missing, garbled or non-finite rewards, or a timed-out verifier, give 0
-with the reason.
+``grade_terminal`` (a Harbor-format task folder): installs the task's pristine ``tests/``
+at ``/tests`` (read-only inside the local sandbox), runs ``bash /tests/test.sh`` with the
+task's verifier timeout, Python's user site off and the working folder kept out of
+``sys.path`` (``PYTHONSAFEPATH``), and reads ``/logs/verifier/reward.txt`` (a float) or
+``reward.json`` (``{"reward": x}``). Missing, garbled or non-finite rewards, a verifier
+that timed out or died of a signal (something it ran killed it, say) give 0 with the
+reason.
 
-What no in-sandbox grader can stop: code under test runs inside the test process and could
-patch the test runner itself. Such a patch lies in the agent's diff, where audits see it.
-In a long-lived Docker container the agent's background processes also survive into
-grading; grade in a fresh container there (see docker_backend.py).
+What no in-sandbox grader can stop: code under test runs inside the test process (and a
+terminal task's checks may run the agent's programs), so it could patch the runner or
+write the report itself. Such code lies in the agent's diff, where audits see it.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 from thundersync_core.rollout.sandbox.base import (
+    LOGS_DIR,
     ExecResult,
     Sandbox,
     SandboxError,
@@ -51,12 +60,15 @@ from thundersync_core.rollout.sandbox.base import (
 
 __all__ = [
     "HARNESS_FILE_NAMES",
+    "PYTEST_BOOTSTRAP",
+    "PYTEST_ENV",
     "GradeResult",
     "WorkdirSnapshot",
     "grade_swe",
     "grade_terminal",
     "junit_key",
     "parse_junit",
+    "pytest_argv",
     "snapshot_workdir",
 ]
 
@@ -65,6 +77,9 @@ HARNESS_FILE_NAMES = frozenset(
     {
         "conftest.py",
         "pytest.ini",
+        ".pytest.ini",
+        "pytest.toml",
+        ".pytest.toml",
         "tox.ini",
         "setup.cfg",
         "pyproject.toml",
@@ -72,10 +87,36 @@ HARNESS_FILE_NAMES = frozenset(
         "usercustomize.py",
     }
 )
+# An ``__init__.py`` below one of these is imported by collection before any test runs.
+_TEST_DIR_NAMES = frozenset({"tests", "test", "testing"})
 _SKIPPED_DIRS = (".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox")
-_GRADER_DIR_PREFIX = ".thundersync-grade-"
+# Grader scratch folders live under /logs, which begin_verification empties.
+_GRADER_DIR_PREFIX = "grader-"
+# pytest as ``python -m pytest`` runs it, except that pytest, its built-in plugins and the
+# JUnit writer are imported before the working folder is put on sys.path: a module of the
+# repository can then not stand in for them. The user site is off (``-s``); no ``-I``,
+# which older interpreters of SWE images lack and which would drop PYTHONHASHSEED.
+PYTEST_BOOTSTRAP = """\
+import importlib, os, sys
+sys.path[:] = [p for p in sys.path if p not in ('', '.', os.getcwd())]
+import pytest
+from _pytest.config import default_plugins
+for name in default_plugins:
+    importlib.import_module('_pytest.' + name)
+sys.path.insert(0, os.getcwd())
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+PYTEST_ENV = {
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONHASHSEED": "0",
+}
 _SNAPSHOT_TIMEOUT_S = 120.0
 _DEFAULT_VERIFIER_TIMEOUT_S = 600.0
+# Python in a verifier: no user site-packages, no working folder on sys.path.
+_VERIFIER_ENV = {"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
+# Shells report death by signal N as exit status 128 + N.
+_SIGNAL_STATUS = 128
 _OUTCOME_ORDER = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 _SHOWN_IDS = 5
 
@@ -98,7 +139,7 @@ class WorkdirSnapshot:
     harness: Mapping[str, bytes]
 
 
-def _tree_digests(root: str, skipped_dirs: Sequence[str], grader_prefix: str) -> dict[str, str]:
+def _tree_digests(root: str, skipped_dirs: Sequence[str]) -> dict[str, str]:
     """Relative path -> sha256 of every file below ``root`` (symlinks by their target).
 
     Runs inside the sandbox as standalone source, hence the local imports.
@@ -109,9 +150,7 @@ def _tree_digests(root: str, skipped_dirs: Sequence[str], grader_prefix: str) ->
 
     digests = {}
     for folder, dirnames, filenames in os.walk(root):
-        dirnames[:] = [
-            d for d in dirnames if d not in skipped_dirs and not d.startswith(grader_prefix)
-        ]
+        dirnames[:] = [d for d in dirnames if d not in skipped_dirs]
         for name in dirnames + filenames:
             path = os.path.join(folder, name)
             rel = os.path.relpath(path, root)
@@ -127,37 +166,45 @@ def _tree_digests(root: str, skipped_dirs: Sequence[str], grader_prefix: str) ->
     return digests
 
 
-def workdir_digests(sandbox: Sandbox, *, python: str = "python3") -> dict[str, str]:
+def workdir_digests(sandbox: Sandbox, *, python: str | None = None) -> dict[str, str]:
     """``_tree_digests`` of the workdir, computed in the sandbox and read back as a file.
 
     ``-I -S``: the interpreter ignores the environment, the working folder and
     site-packages, so files the agent placed cannot run in it.
     """
-    report_dir = _GRADER_DIR_PREFIX + uuid.uuid4().hex
-    report = f"{report_dir}/digests.json"
+    folder = _grader_folder()
     script = (
         "from __future__ import annotations\n"
         + inspect.getsource(_tree_digests)
         + "\nimport json, os, sys\nos.makedirs(sys.argv[1], exist_ok=True)\n"
-        + "with open(sys.argv[2], 'w') as out:\n"
-        + f"    json.dump(_tree_digests('.', {_SKIPPED_DIRS!r}, {_GRADER_DIR_PREFIX!r}), out)\n"
+        + "with open(os.path.join(sys.argv[1], 'digests.json'), 'w') as out:\n"
+        + f"    json.dump(_tree_digests('.', {_SKIPPED_DIRS!r}), out)\n"
     )
     run = sandbox.exec(
-        [python, "-I", "-S", "-c", script, report_dir, report],
+        [python or sandbox.python, "-I", "-S", "-c", script, f"{LOGS_DIR}/{folder}"],
         timeout_s=_SNAPSHOT_TIMEOUT_S,
     )
     try:
         if run.exit_code != 0:
             raise SandboxError(f"hashing the workdir failed: {_describe(run)}")
-        digests = json.loads(sandbox.read_file(report))
+        digests = json.loads(sandbox.read_log(f"{folder}/digests.json"))
     finally:
-        sandbox.exec(["rm", "-rf", "--", report_dir], timeout_s=_SNAPSHOT_TIMEOUT_S)
+        _remove_grader_folder(sandbox, folder)
     if not isinstance(digests, dict):
         raise SandboxError(f"workdir digests are not an object: {type(digests).__name__}")
     return digests
 
 
-def snapshot_workdir(sandbox: Sandbox, *, python: str = "python3") -> WorkdirSnapshot:
+def _grader_folder() -> str:
+    """A fresh name under /logs for one grader step's files."""
+    return _GRADER_DIR_PREFIX + uuid.uuid4().hex
+
+
+def _remove_grader_folder(sandbox: Sandbox, folder: str) -> None:
+    sandbox.exec(["rm", "-rf", "--", f"{LOGS_DIR}/{folder}"], timeout_s=_SNAPSHOT_TIMEOUT_S)
+
+
+def snapshot_workdir(sandbox: Sandbox, *, python: str | None = None) -> WorkdirSnapshot:
     """Take this before the agent runs; ``grade_swe`` compares and restores against it."""
     digests = workdir_digests(sandbox, python=python)
     harness = {
@@ -169,7 +216,10 @@ def snapshot_workdir(sandbox: Sandbox, *, python: str = "python3") -> WorkdirSna
 
 
 def _is_harness(relpath: str) -> bool:
-    return PurePosixPath(relpath).name in HARNESS_FILE_NAMES
+    path = PurePosixPath(relpath)
+    if path.name == "__init__.py":
+        return any(part in _TEST_DIR_NAMES for part in path.parts[:-1])
+    return path.name in HARNESS_FILE_NAMES
 
 
 # -- SWE-style grading ------------------------------------------------------------------------
@@ -213,26 +263,33 @@ def grade_swe(
     pass_to_pass: Sequence[str],
     test_files: Mapping[str, bytes],
     timeout_s: float = 600.0,
-    python: str = "python3",
+    python: str | None = None,
     pytest_args: Sequence[str] = (),
 ) -> GradeResult:
     """Reward 1.0 iff the agent's change makes FAIL_TO_PASS pass without breaking PASS_TO_PASS.
 
     ``test_files`` maps workdir-relative paths to their pristine bytes; ``baseline`` is
-    ``snapshot_workdir`` from before the agent ran. ``pytest_args`` can re-enable plugins a
-    repository needs (``-p name``): autoloading is off because the agent could install one.
+    ``snapshot_workdir`` from before the agent ran. ``python`` defaults to the sandbox's
+    pinned interpreter. ``pytest_args`` can re-enable plugins a repository needs
+    (``-p name``): autoloading is off because the agent could install one. Ends the
+    agent's phase of ``sandbox`` (``begin_verification``).
     """
     if not fail_to_pass:
         raise ValueError("grade_swe: fail_to_pass is empty; the task needs a failing test")
     test_ids = [*fail_to_pass, *pass_to_pass]
     keys = {test_id: junit_key(test_id) for test_id in test_ids}
+    python = python or sandbox.python
+    sandbox.begin_verification(fresh=True)
     try:
         for path, content in test_files.items():
             sandbox.write_file(path, content)
+    except (SandboxError, IsADirectoryError) as exc:
+        return GradeResult(0.0, f"could not restore the pristine tests: {exc}")
+    try:
         current = workdir_digests(sandbox, python=python)
         restored = _restore_harness(sandbox, baseline, current, protected=set(test_files))
     except (SandboxPathError, IsADirectoryError) as exc:
-        return GradeResult(0.0, f"could not restore the pristine tests: {exc}")
+        return GradeResult(0.0, f"could not restore the test harness: {exc}")
     except SandboxError as exc:
         return GradeResult(0.0, f"could not inspect the workdir: {exc}")
     changed = _changed_paths(baseline.digests, current, ignored=set(test_files))
@@ -281,6 +338,17 @@ def _changed_paths(
     )
 
 
+def pytest_argv(
+    python: str, junit_path: str | None, files: Sequence[str], extra: Sequence[str] = ()
+) -> list[str]:
+    """The pytest command graders and task generation run (see ``PYTEST_BOOTSTRAP``)."""
+    argv = [python, "-s", "-B", "-c", PYTEST_BOOTSTRAP, "-p", "no:cacheprovider"]
+    argv += ["-o", "addopts=", "-o", "junit_family=xunit2", "--rootdir", "."]
+    if junit_path is not None:
+        argv.append(f"--junitxml={junit_path}")
+    return [*argv, "-q", *extra, "--", *files]
+
+
 def _run_pytest(
     sandbox: Sandbox,
     files: Sequence[str],
@@ -289,20 +357,18 @@ def _run_pytest(
     pytest_args: Sequence[str],
 ) -> tuple[dict[tuple[str, str], str], ExecResult, str | None]:
     """Outcomes from pytest's JUnit report, the run, and why the report is unusable if it is."""
-    report_dir = _GRADER_DIR_PREFIX + uuid.uuid4().hex
-    argv = [python, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts="]
-    argv += ["-o", "junit_family=xunit2", "--rootdir", "."]
-    argv += [f"--junitxml={report_dir}/junit.xml", "-q", *pytest_args, "--", *files]
-    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    run = sandbox.exec(argv, timeout_s=timeout_s, env=env)
+    folder = _grader_folder()
+    sandbox.exec(["mkdir", "-p", "--", f"{LOGS_DIR}/{folder}"], timeout_s=_SNAPSHOT_TIMEOUT_S)
+    argv = pytest_argv(python, f"{LOGS_DIR}/{folder}/junit.xml", files, pytest_args)
+    run = sandbox.exec(argv, timeout_s=timeout_s, env=PYTEST_ENV)
     try:
-        return parse_junit(sandbox.read_file(f"{report_dir}/junit.xml")), run, None
+        return parse_junit(sandbox.read_log(f"{folder}/junit.xml")), run, None
     except FileNotFoundError:
         return {}, run, f"pytest wrote no JUnit report ({_describe(run)})"
     except (ElementTree.ParseError, SandboxPathError) as exc:
         return {}, run, f"pytest's JUnit report is unreadable: {exc}"
     finally:
-        sandbox.exec(["rm", "-rf", "--", report_dir], timeout_s=_SNAPSHOT_TIMEOUT_S)
+        _remove_grader_folder(sandbox, folder)
 
 
 def _verdict(
@@ -349,12 +415,17 @@ def grade_terminal(
     if not (tests / "test.sh").is_file():
         raise FileNotFoundError(f"task {task_dir}: missing tests/test.sh")
     timeout = timeout_s if timeout_s is not None else _verifier_timeout(Path(task_dir))
-    sandbox.clear_logs("verifier")
+    sandbox.begin_verification(fresh=False)
     tests_dir = sandbox.install_tests(tests)
-    run = sandbox.exec(["bash", f"{tests_dir}/test.sh"], timeout_s=timeout)
+    run = sandbox.exec(["bash", f"{tests_dir}/test.sh"], timeout_s=timeout, env=_VERIFIER_ENV)
     details = {"verifier": run.to_json()}
     if run.timed_out:
         return GradeResult(0.0, f"verifier timed out after {timeout:g} s", details)
+    if run.exit_code is not None and _SIGNAL_STATUS < run.exit_code <= _SIGNAL_STATUS + 64:
+        # A verifier's last word is its reward file; one killed mid-way (by a program of
+        # the agent's it ran, say) may not have written it, leaving a planted one.
+        signal_number = run.exit_code - _SIGNAL_STATUS
+        return GradeResult(0.0, f"the verifier died of signal {signal_number}", details)
     reward, reason = _read_reward(sandbox)
     return GradeResult(reward, reason, details)
 

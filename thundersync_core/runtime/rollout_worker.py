@@ -72,7 +72,11 @@ class RolloutWorker:
         self.agent = Agent(
             self.engine,
             tokenizer,  # type: ignore[arg-type]
-            lambda: open_sandbox(config.backend, limits=limits),
+            lambda: open_sandbox(
+                config.backend,
+                limits=limits,
+                image=config.docker_image if config.backend == "docker" else None,
+            ),
             config=agent_config,
             sampling=SamplingConfig(temperature=config.temperature, stop_token_ids=(end_id,)),
             base_seed=seed,

@@ -14,12 +14,14 @@ counts as a failure.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -242,17 +244,23 @@ def check_program(root: str, script: str, argv: Sequence[str], cases: Sequence[A
 
 
 def _run_case(number: int, argv: list[str], stdin: str, expected: str, cwd: str) -> None:
-    try:
-        run = subprocess.run(
-            argv,
-            input=stdin.encode(),
-            capture_output=True,
-            timeout=PROGRAM_TIMEOUT_S,
-            cwd=cwd,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise CheckFailed(f"hidden case {number}: timed out") from None
+    # Its own session, ended with the case: what the program left running in the
+    # background is killed (and what escaped the session, by ``kill_strays``).
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=cwd,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout_bytes, stderr_bytes = proc.communicate(stdin.encode(), PROGRAM_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise CheckFailed(f"hidden case {number}: timed out") from None
+        finally:
+            _kill_session(proc.pid)
+    run = subprocess.CompletedProcess(argv, proc.returncode, stdout_bytes, stderr_bytes)
     stdout = run.stdout.decode("utf-8", errors="replace")
     if run.returncode != 0:
         stderr = run.stderr.decode("utf-8", errors="replace")
@@ -300,6 +308,58 @@ def run_checks(checks: Sequence[Mapping[str, Any]], root: str = ROOT) -> int:
     return 1 if failures else 0
 
 
+def _kill_session(session_id: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(session_id, signal.SIGKILL)
+
+
+def _start_time(pid: int) -> int | None:
+    """Clock ticks after boot at which ``pid`` started, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat_line = handle.read()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may hold spaces, so count after its ')'.
+    return int(stat_line.rsplit(b")", 1)[1].split()[19])
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return int(handle.read().rsplit(b")", 1)[1].split()[1])
+
+
+def kill_strays() -> list[int]:
+    """Kill every process started since the verifier began that is not one of its own.
+
+    The verifier's ancestors (``test.sh`` and what started it) and this process live;
+    anything else that started no earlier than the oldest of them came from the checks,
+    that is from the agent's programs, and could rewrite the reward after ``test.sh``
+    writes it. Returns the pids signalled.
+    """
+    lineage = []
+    pid = os.getpid()
+    while pid > 1:
+        lineage.append(pid)
+        pid = _parent(pid)
+    started = [t for t in map(_start_time, lineage) if t is not None]
+    since = min(started)
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in lineage or int(entry) == 1:
+            continue
+        start = _start_time(int(entry))
+        if start is not None and start >= since:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            killed.append(int(entry))
+    return killed
+
+
 def main(checks: Sequence[Mapping[str, Any]]) -> None:
     """The entry point of a task's ``test_outputs.py``."""
-    sys.exit(run_checks(checks))
+    status = run_checks(checks)
+    kill_strays()
+    sys.exit(status)

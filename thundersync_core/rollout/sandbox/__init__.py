@@ -41,7 +41,8 @@ def open_sandbox(
 ) -> Sandbox:
     """A fresh sandbox; ``workdir_from`` is copied into its workdir.
 
-    ``image`` is the Docker image (default ``python:3.11-slim``); the local backend has no
+    ``image`` is the Docker image (default ``thundersync-sandbox:latest``, made by
+    ``thundersync sandbox build-image``); the local backend has no
     image and refuses one. ``ro_binds`` are host paths made readable at the same path.
     Raises SandboxUnavailable when the backend cannot run here.
     """

@@ -130,6 +130,9 @@ class Sandbox(ABC):
     workdir: str
     host_workdir: Path
     limits: SandboxLimits
+    # The interpreter graders run, as an absolute path inside the sandbox: one the agent
+    # cannot replace (the host's venv bound read-only; the image's own python3).
+    python: str
 
     @abstractmethod
     def exec(
@@ -170,6 +173,17 @@ class Sandbox(ABC):
     @abstractmethod
     def install_tests(self, src: Path) -> str:
         """Replace ``/tests`` with a copy of the host folder ``src``; returns ``/tests``."""
+
+    @abstractmethod
+    def begin_verification(self, *, fresh: bool) -> None:
+        """End the agent's phase: afterwards no process the agent started is alive.
+
+        ``/tmp`` and ``/logs`` are emptied (``/logs/verifier`` recreated) and ``/tests`` is
+        empty. ``fresh`` carries only the workdir over and drops whatever else the agent
+        changed (Docker: a new container from the image); SWE grading needs only the
+        repository. Without it the rest of the filesystem stays, for terminal tasks whose
+        checks look at system state.
+        """
 
     @abstractmethod
     def close(self) -> None:

@@ -2,9 +2,11 @@
 
     thundersync sandbox exec [--backend local|docker] [--timeout S] [--memory-mb M]
                              [--workdir-from DIR] [--image IMAGE] -- CMD [ARGS...]
+    thundersync sandbox build-image [--tag IMAGE] [--suite SUITE]
 
-Prints one JSON object, ``ExecResult.to_json()``, and exits 0 whenever the sandbox ran the
-command (its own status is in the JSON); 2 when the sandbox could not be set up.
+``exec`` prints one JSON object, ``ExecResult.to_json()``, and exits 0 whenever the sandbox
+ran the command (its own status is in the JSON); 2 when the sandbox could not be set up.
+``build-image`` builds the Docker backend's image from Debian's packages (see image.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from thundersync_core.rollout.sandbox import SandboxError, SandboxLimits, open_sandbox
+from thundersync_core.rollout.sandbox import SandboxError, SandboxLimits, image, open_sandbox
 from thundersync_core.rollout.sandbox.base import SandboxUnavailable
 
 __all__ = ["add_parser", "run"]
@@ -39,9 +41,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--workdir-from", type=Path, help="folder copied in as the workdir")
     p.add_argument("--image", help="Docker image (docker backend only)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    build = actions.add_parser(
+        "build-image", help="build the Docker backend's image locally, from Debian's packages"
+    )
+    image.add_arguments(build)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sandbox_command == "build-image":
+        return image.run(args)
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise ValueError("sandbox exec: no command given (put it after --)")

@@ -7,17 +7,20 @@ core dumps. Each ``exec`` is a Docker exec whose output is streamed (stdout and 
 demultiplexed) into the same bounded buffers as the local backend.
 
 Timeouts: the command runs under ``timeout -s KILL``, which leads its own process group
-and kills the whole group, so children die with it. A host-side deadline a little later
-covers a wedged daemon: it kills that process group from a second exec (the group id is
-written to a pid file by the wrapper) and stops reading.
+and kills the whole group, so children die with it; then a second exec kills every process
+started since the command began (the wrapper writes its pid and start time to a file), so
+a child that left the group with ``setsid`` dies too. A host-side deadline a little later
+covers a wedged daemon: it runs the same kill and stops reading.
 
 Files move as tar archives through the daemon (``put_archive``/``get_archive``), so this
 works with a remote daemon too. Nothing of the container is visible on the host:
 ``host_workdir`` is a staging folder that ``pull_workdir`` fills with a copy on demand.
 
 Unlike the local backend, processes the agent starts in the background survive between
-execs (as in any long-lived container); graders that must not trust them should run in a
-fresh container that receives only the agent's file changes.
+execs (as in any long-lived container), and the agent is root in its container, so it can
+change the image's interpreter and site-packages. ``begin_verification`` therefore either
+moves the workdir into a fresh container from the image (SWE grading) or kills every
+process of the container before the verifier runs (terminal tasks).
 """
 
 from __future__ import annotations
@@ -53,21 +56,37 @@ from thundersync_core.rollout.sandbox.output import BoundedOutput
 
 __all__ = ["DEFAULT_IMAGE", "DockerSandbox", "connect_docker"]
 
-DEFAULT_IMAGE = "python:3.11-slim"
+DEFAULT_IMAGE = "thundersync-sandbox:latest"
+# How the default image is made on a machine without a registry (sandbox/image.py).
+BUILD_IMAGE_COMMAND = "thundersync sandbox build-image"
+# Debian's interpreter in that image, at a path the agent's PATH changes do not affect.
+DEFAULT_PYTHON = "/usr/bin/python3"
 # Host-side slack past the in-container timeout before the host kills and stops reading.
 _HOST_GRACE_S = 5.0
 _KILL_GRACE_S = 5.0
 _SETUP_TIMEOUT_S = 60.0
 _CONTROL_DIR = "/tmp/.thundersync"
 # $1 pid file, $2 stdin file or "", $3 timeout; the rest is the command. `timeout` calls
-# setpgid(0, 0), so the pid written here is also the group id of everything it starts.
-# The command may have emptied /tmp, hence the mkdir.
+# setpgid(0, 0), so the pid written here is also the group id of everything it starts;
+# the start time beside it (field 22 of /proc/PID/stat, in clock ticks) lets
+# _KILL_TREE find what left the group (setsid). The command may have emptied /tmp, hence
+# the mkdir.
 _WRAPPER = (
-    'p=$1; i=$2; t=$3; shift 3; mkdir -p "${p%/*}"; echo $$ > "$p"; '
+    'p=$1; i=$2; t=$3; shift 3; mkdir -p "${p%/*}"; '
+    'echo $$ "$(cut -d" " -f22 /proc/$$/stat)" > "$p"; '
     'if [ -n "$i" ]; then exec < "$i"; rm -f "$i"; else exec < /dev/null; fi; '
     'exec timeout -s KILL "$t" "$@"'
 )
-_KILL_GROUP = 'kill -KILL -- "-$(cat "$1")" 2>/dev/null; true'
+# A timed-out command's whole tree: its process group, then every process started since
+# the command began except the container's init and this script (one sandbox runs one
+# command at a time, so those are all the command's).
+_KILL_TREE = (
+    'read g t < "$1" || exit 0; kill -KILL -- "-$g" 2>/dev/null; '
+    "for d in /proc/[0-9]*; do q=${d#/proc/}; "
+    '[ "$q" = 1 ] || [ "$q" = $$ ] && continue; '
+    'l=$(cat "$d/stat" 2>/dev/null) || continue; set -- ${l##*) }; '
+    '[ "${20:-0}" -ge "$t" ] && kill -KILL "$q" 2>/dev/null; done; true'
+)
 _OOM_KILL = re.compile(rb"^oom_kill (\d+)$", re.MULTILINE)
 _SIGKILL_STATUS = 137
 _TIMEOUT_STATUSES = (124, _SIGKILL_STATUS)
@@ -85,12 +104,13 @@ def connect_docker() -> Any:
     return client
 
 
-def _close_container(container: Any, staging: Path) -> None:
+def _close_container(container: Any, staging: Path | None) -> None:
     import docker  # noqa: PLC0415
 
     with contextlib.suppress(docker.errors.NotFound):
-        container.remove(force=True)
-    shutil.rmtree(staging, ignore_errors=True)
+        container.remove(force=True, v=True)
+    if staging is not None:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 class DockerSandbox(Sandbox):
@@ -105,28 +125,34 @@ class DockerSandbox(Sandbox):
         ro_binds: Sequence[Path] = (),
         workdir_from: Path | None = None,
         client: Any = None,
+        python: str = DEFAULT_PYTHON,
     ) -> None:
         self.limits = limits or SandboxLimits()
         if not PurePosixPath(workdir).is_absolute() or workdir == "/":
             raise SandboxPathError(f"workdir {workdir!r} must be an absolute path below /")
         self.workdir = workdir
         self.image = image
+        self.python = python
+        self._ro_binds = tuple(ro_binds)
         self._client = client or connect_docker()
         self._staging = Path(tempfile.mkdtemp(prefix="thundersync-docker-"))
         self.host_workdir = self._staging / PurePosixPath(workdir).name
-        self._container = self._start(ro_binds)
+        self._container = self._start()
         self._finalizer = weakref.finalize(self, _close_container, self._container, self._staging)
         self._oom_kills: int | None = None
         try:
-            self._run_checked(["mkdir", "-p", LOGS_DIR, TESTS_DIR, _CONTROL_DIR, self.workdir])
-            self._oom_kills = self._read_oom_kills()
+            self._prepare_container()
             if workdir_from is not None:
                 self.copy_in(workdir_from)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, ro_binds: Sequence[Path]) -> Any:
+    def _prepare_container(self) -> None:
+        self._run_checked(["mkdir", "-p", LOGS_DIR, TESTS_DIR, _CONTROL_DIR, self.workdir])
+        self._oom_kills = self._read_oom_kills()
+
+    def _start(self) -> Any:
         import docker  # noqa: PLC0415
 
         limits = self.limits
@@ -136,7 +162,7 @@ class DockerSandbox(Sandbox):
             docker.types.Ulimit(name="fsize", soft=file_bytes, hard=file_bytes),
             docker.types.Ulimit(name="core", soft=0, hard=0),
         ]
-        volumes = {str(p): {"bind": str(p), "mode": "ro"} for p in ro_binds}
+        volumes = {str(p): {"bind": str(p), "mode": "ro"} for p in self._ro_binds}
         try:
             return self._client.containers.run(
                 self.image,
@@ -158,7 +184,8 @@ class DockerSandbox(Sandbox):
         except docker.errors.ImageNotFound as exc:
             shutil.rmtree(self._staging, ignore_errors=True)
             raise SandboxUnavailable(
-                f"Docker image {self.image!r} is not available: {exc}"
+                f"Docker image {self.image!r} is not on the daemon ({exc}); nothing is pulled: "
+                f"build it with `{BUILD_IMAGE_COMMAND}`"
             ) from exc
         except docker.errors.APIError as exc:
             shutil.rmtree(self._staging, ignore_errors=True)
@@ -210,7 +237,7 @@ class DockerSandbox(Sandbox):
         reader.join(timeout + _HOST_GRACE_S)
         host_killed = reader.is_alive()
         if host_killed:
-            self._kill_group(pid_file)
+            self._kill_tree(pid_file)
             reader.join(_KILL_GRACE_S)
             stream.close()
             reader.join(1.0)
@@ -221,6 +248,9 @@ class DockerSandbox(Sandbox):
         # `timeout` reports 124, or 137 when its SIGKILL also reached itself; a command
         # can exit so on its own, but not also at the deadline.
         timed_out = host_killed or (exit_code in _TIMEOUT_STATUSES and duration >= timeout)
+        if timed_out and not host_killed:
+            # `timeout` killed its group; what left the group (setsid) is still running.
+            self._kill_tree(pid_file)
         return self._result(out, err, None if timed_out else exit_code, timed_out, duration)
 
     def _create_exec(self, wrapped: list[str], env: Mapping[str, str] | None) -> str:
@@ -266,8 +296,8 @@ class DockerSandbox(Sandbox):
             stderr_bytes=err.total_bytes,
         )
 
-    def _kill_group(self, pid_file: str) -> None:
-        self._container.exec_run(["/bin/sh", "-c", _KILL_GROUP, "sh", pid_file])
+    def _kill_tree(self, pid_file: str) -> None:
+        self._container.exec_run(["/bin/sh", "-c", _KILL_TREE, "sh", pid_file])
 
     def _read_oom_kills(self) -> int | None:
         # cgroup v2 first, then v1; both report a cumulative oom_kill counter.
@@ -335,16 +365,25 @@ class DockerSandbox(Sandbox):
                 info = tarfile.TarInfo(name)
                 info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
                 archive.addfile(info, io.BytesIO(payload))
-        if not self._client.api.put_archive(self._container.id, folder, buffer.getvalue()):
-            raise SandboxError(f"could not write {sorted(files)} into {folder} in the container")
+        self._put_archive(folder, buffer.getvalue(), f"{sorted(files)} into {folder}")
+
+    def _put_archive(self, folder: str, data: Any, what: str) -> None:
+        import docker  # noqa: PLC0415
+
+        try:
+            written = self._client.api.put_archive(self._container.id, folder, data)
+        except docker.errors.APIError as exc:
+            # A path through a symlink the agent made (to a missing folder, say).
+            raise SandboxPathError(f"could not write {what} in the container: {exc}") from exc
+        if not written:
+            raise SandboxError(f"could not write {what} in the container")
 
     def _put_tree(self, folder: str, src: Path, arcname: str) -> None:
         with tempfile.TemporaryFile() as spool:
             with tarfile.open(fileobj=spool, mode="w") as archive:
                 archive.add(src, arcname=arcname, filter=_owned_by_root)
             spool.seek(0)
-            if not self._client.api.put_archive(self._container.id, folder, spool):
-                raise SandboxError(f"could not copy {src} into {folder}/{arcname} in the container")
+            self._put_archive(folder, spool, f"{src} as {folder}/{arcname}")
 
     def _get_file(self, folder: str, relpath: str) -> bytes:
         import docker  # noqa: PLC0415
@@ -382,6 +421,40 @@ class DockerSandbox(Sandbox):
         self._run_checked(["sh", "-c", f"rm -rf {TESTS_DIR} && mkdir -p {TESTS_DIR}"])
         self._put_tree(TESTS_DIR, Path(src), ".")
         return TESTS_DIR
+
+    def begin_verification(self, *, fresh: bool) -> None:
+        self._check_open()
+        if fresh:
+            self._replace_container()
+        else:
+            # Killing the container's init ends every process in it; its files stay.
+            self._container.kill()
+            self._container.start()
+        reset = (
+            f"find /tmp -mindepth 1 -delete; rm -rf {LOGS_DIR} {TESTS_DIR}; "
+            f"mkdir -p {LOGS_DIR}/verifier {TESTS_DIR} {_CONTROL_DIR}"
+        )
+        self._run_checked(["sh", "-c", reset])
+        self._oom_kills = self._read_oom_kills()
+
+    def _replace_container(self) -> None:
+        """A new container from the image holding the old one's workdir; the old one goes."""
+        chunks, _stat = self._client.api.get_archive(self._container.id, self.workdir)
+        with tempfile.TemporaryFile() as spool:
+            for chunk in chunks:
+                spool.write(chunk)
+            spool.seek(0)
+            old = self._container
+            self._finalizer.detach()
+            _close_container(old, None)
+            self._container = self._start()
+            self._finalizer = weakref.finalize(
+                self, _close_container, self._container, self._staging
+            )
+            parent = str(PurePosixPath(self.workdir).parent)
+            make = 'rm -rf -- "$1" && mkdir -p -- "$2"'
+            self._run_checked(["sh", "-c", make, "sh", self.workdir, parent])
+            self._put_archive(parent, spool, f"{self.workdir} carried over")
 
     def close(self) -> None:
         self._finalizer()

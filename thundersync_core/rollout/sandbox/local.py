@@ -148,6 +148,7 @@ class LocalSandbox(Sandbox):
         self._prlimit = _require_tool("prlimit", "util-linux")
         self._setpriv = _require_tool("setpriv", "util-linux") if os.geteuid() == 0 else None
         self._lease = _UidLease() if self._setpriv else None
+        self.python = sys.executable
         self._root = Path(tempfile.mkdtemp(prefix="thundersync-sandbox-"))
         self._finalizer = weakref.finalize(self, _cleanup, self._root, self._lease)
         self.host_workdir = self._root / "work"
@@ -168,10 +169,11 @@ class LocalSandbox(Sandbox):
         """The host uid commands run as, or None when they run as the calling user."""
         return self._lease.uid if self._lease else None
 
-    def _make_host_dirs(self) -> None:
+    def _make_host_dirs(self, *, workdir: bool = True) -> None:
         for path in (self.host_workdir, self._root / "tmp", self.host_logs_dir):
-            path.mkdir(mode=0o755)
-            self._own(path)
+            if workdir or path != self.host_workdir:
+                path.mkdir(mode=0o755)
+                self._own(path)
         self._host_tests_dir.mkdir(mode=0o755)
 
     def _check_bwrap_starts(self) -> None:
@@ -346,6 +348,16 @@ class LocalSandbox(Sandbox):
             for name in filenames:
                 self._own(Path(folder) / name)
         return TESTS_DIR
+
+    def begin_verification(self, *, fresh: bool) -> None:
+        # No process outlives its exec here (its pid namespace dies with it), so what the
+        # agent can have left behind are files, and outside the workdir it can write only
+        # /tmp and /logs (a user site-packages under $HOME=/tmp, a planted report, a reward).
+        self._check_open()
+        for path in (self._root / "tmp", self.host_logs_dir, self._host_tests_dir):
+            _remove_tree(path)
+        self._make_host_dirs(workdir=False)
+        self.clear_logs("verifier")
 
     def close(self) -> None:
         self._finalizer()
