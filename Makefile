@@ -54,8 +54,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The Docker tests need a daemon and the sandbox image: scripts/with_docker.sh brings both
+# up where it can (root on Debian), and stops only a daemon it started.
 test: lint typecheck
-	$(BIN)/python -m pytest
+	BIN=$(BIN) bash scripts/with_docker.sh $(BIN)/python -m pytest
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/grpo_release_tail.py

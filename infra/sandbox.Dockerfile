@@ -2,8 +2,10 @@
 # (thundersync_core/rollout/sandbox/docker_backend.py). It holds what agents and task
 # verifiers call: bash, coreutils, python3, git and patch, and pytest for SWE grading.
 #
-#   docker build -f infra/sandbox.Dockerfile -t thundersync-sandbox:latest infra
-#   thundersync sandbox exec --backend docker --image thundersync-sandbox:latest -- pytest --version
+# Where a registry can be reached; elsewhere `thundersync sandbox build-image` makes the
+# default image from Debian's packages (infra/README.md).
+#   docker build -f infra/sandbox.Dockerfile -t thundersync-sandbox:slim infra
+#   thundersync sandbox exec --backend docker --image thundersync-sandbox:slim -- pytest --version
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \

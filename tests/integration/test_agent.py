@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from thundersync_core.batch import parse_batch_lines
 from thundersync_core.policy import load_tokenizer
 from thundersync_core.rollout.agent import PARSE_ERROR, Agent, AgentConfig, EpisodeSpec
 from thundersync_core.rollout.engine import GenerationRequest, GenerationResult, SamplingConfig
+from thundersync_core.rollout.grading import GraderError
 from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox
 from thundersync_core.rollout.tasks import load_terminal_task, load_terminal_tasks
 
@@ -120,6 +122,45 @@ def test_agent_paths_with_real_sandbox_and_grader(tiny_policy_dir):
     assert "elided" in text
     assert "exit code: 0" in text
     assert "20000" in text
+
+
+class _Failing:
+    """A terminal task whose grader or setup raises, as a broken verifier image would."""
+
+    def __init__(self, task, where: str) -> None:
+        self.task, self.where = task, where
+        self.task_id, self.instruction = task.task_id, task.instruction
+
+    def setup(self, sandbox):
+        if self.where == "setup":
+            raise OSError("no space left on device")
+        self.task.setup(sandbox)
+
+    def grade(self, sandbox):
+        raise ValueError("the verifier crashed")
+
+
+def sandbox_folders() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("thundersync-sandbox-*"))
+
+
+@pytest.mark.parametrize(
+    ("where", "error", "match"),
+    [
+        ("grade", GraderError, "trajectory t0 of task write-hello failed: ValueError"),
+        ("setup", OSError, "no space left"),
+    ],
+)
+def test_a_failing_grader_or_setup_stops_naming_it_and_leaves_no_sandbox(
+    tiny_policy_dir, where, error, match
+):
+    tokenizer = load_tokenizer(tiny_policy_dir)
+    task = _Failing(load_terminal_task(TASKS / "write-hello"), where)
+    engine = ScriptedPolicy(tokenizer, {f"t{i}": ["```bash\nsubmit\n```"] for i in range(3)})
+    before = sandbox_folders()
+    with pytest.raises(error, match=match):
+        run_agent(engine, tokenizer, [EpisodeSpec(task, "g", f"t{i}") for i in range(3)])
+    assert sandbox_folders() == before
 
 
 def test_limits_end_trajectories_with_reasons(tiny_policy_dir):

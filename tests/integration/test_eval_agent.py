@@ -1,4 +1,4 @@
-"""Evaluation end to end: the bash agent, real local sandboxes, real graders, pass@k.
+"""Evaluation end to end: the bash agent, real sandboxes (both backends), real graders, pass@k.
 
 Pools: the two fixture terminal tasks and one minismith instance generated from the
 built-in ``textkit`` project (a real mutation with real failing tests, ~3 s).
@@ -36,6 +36,7 @@ from thundersync_core.cli import main
 from thundersync_core.policy import load_tokenizer
 from thundersync_core.rollout.cli import make_engine
 from thundersync_core.rollout.engine import GenerationRequest, GenerationResult, SamplingConfig
+from thundersync_core.rollout.sandbox import SandboxUnavailable, open_sandbox
 from thundersync_core.rollout.tasks import load_terminal_tasks
 
 pytestmark = [
@@ -115,13 +116,29 @@ class ScriptedEngine:
         pass
 
 
-def test_scripted_policy_solves_one_attempt_in_three(tiny_policy_dir, prep_dir, tmp_path):
+@pytest.fixture(params=["local", "docker"])
+def backend(request) -> str:
+    if request.param == "docker":
+        try:
+            open_sandbox("docker").close()
+        except SandboxUnavailable as exc:
+            pytest.skip(f"docker sandbox unavailable: {exc}")
+    return request.param
+
+
+def test_scripted_policy_solves_one_attempt_in_three(tiny_policy_dir, prep_dir, tmp_path, backend):
+    """On Docker, the SWE instance's tests run in a container from the local image."""
     tokenizer = load_tokenizer(tiny_policy_dir)
     swe = load_swe_tasks(prep_dir / "swe" / "dev.parquet")
     pools = {"terminal": load_terminal_tasks(TASKS), "swe": swe}
     engine = ScriptedEngine(tokenizer, reference_commands(swe[0]))
     settings = EvalSettings(
-        k=3, max_turns=2, max_tokens_per_turn=1024, max_total_tokens=2048, max_context_tokens=8192
+        k=3,
+        max_turns=2,
+        max_tokens_per_turn=1024,
+        max_total_tokens=2048,
+        max_context_tokens=8192,
+        backend=backend,
     )
     rows = evaluate(engine, tokenizer, pools, settings)
     assert len(rows) == 9

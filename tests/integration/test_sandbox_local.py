@@ -194,14 +194,6 @@ def test_a_gigabyte_of_output_is_bounded_fast_and_in_little_memory(sandbox):
     assert result.duration_s < 30
 
 
-def test_memory_limit_stops_a_large_allocation():
-    with open_sandbox("local", limits=SandboxLimits(memory_mb=256)) as box:
-        result = box.exec(["python3", "-c", "b = b'x' * (2 * 1024**3); print('allocated')"])
-    assert result.exit_code != 0
-    assert "allocated" not in result.stdout
-    assert result.killed_reason == "memory"
-
-
 def test_workdir_persists_across_calls_and_is_removed_on_close():
     box = LocalSandbox(SandboxLimits(timeout_s=10))
     box.exec("mkdir -p src && echo 41 > src/n && chmod 000 src")

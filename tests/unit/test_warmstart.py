@@ -100,6 +100,9 @@ class _FakeSandbox(Sandbox):
     def install_tests(self, src):
         raise NotImplementedError
 
+    def begin_verification(self, *, fresh):
+        raise NotImplementedError
+
     def close(self):
         pass
 

@@ -36,7 +36,7 @@ from thundersync_core.rollout.engine import (
     SamplingConfig,
     request_seed,
 )
-from thundersync_core.rollout.grading import GradeResult
+from thundersync_core.rollout.grading import GraderError, GradeResult
 from thundersync_core.rollout.sandbox.base import ExecResult, Sandbox
 
 SYSTEM_PROMPT = (
@@ -252,7 +252,11 @@ class Agent:
 
     def _start(self, spec: EpisodeSpec) -> _Live:
         sandbox = self.sandbox_factory()
-        spec.task.setup(sandbox)
+        try:
+            spec.task.setup(sandbox)
+        except BaseException:
+            sandbox.close()
+            raise
         episode = _Live(spec, sandbox, self.prompt_ids(spec.task.instruction))
         episode.mark("start")
         return episode
@@ -370,7 +374,14 @@ class Agent:
 
     def _finish(self, episode: _Live) -> Trajectory:
         episode.mark("grade_start")
-        grade = episode.spec.task.grade(episode.sandbox)
+        try:
+            grade = episode.spec.task.grade(episode.sandbox)
+        except Exception as exc:
+            spec = episode.spec
+            raise GraderError(
+                f"grading trajectory {spec.trajectory_id} of task {spec.task.task_id} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         episode.mark("reward", reward=grade.reward)
         return Trajectory(
             group_id=episode.spec.group_id,

@@ -63,6 +63,7 @@ __all__ = [
     "PYTEST_BOOTSTRAP",
     "PYTEST_ENV",
     "GradeResult",
+    "GraderError",
     "WorkdirSnapshot",
     "grade_swe",
     "grade_terminal",
@@ -119,6 +120,14 @@ _VERIFIER_ENV = {"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
 _SIGNAL_STATUS = 128
 _OUTCOME_ORDER = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 _SHOWN_IDS = 5
+
+
+class GraderError(RuntimeError):
+    """A grader failed for a reason of its own, not the agent's: no reward can be given.
+
+    Rolling out stops naming the task and trajectory; a 0 here would teach the policy
+    that a correct answer was wrong.
+    """
 
 
 @dataclass(frozen=True)

@@ -59,8 +59,6 @@ __all__ = ["DEFAULT_IMAGE", "DockerSandbox", "connect_docker"]
 DEFAULT_IMAGE = "thundersync-sandbox:latest"
 # How the default image is made on a machine without a registry (sandbox/image.py).
 BUILD_IMAGE_COMMAND = "thundersync sandbox build-image"
-# Debian's interpreter in that image, at a path the agent's PATH changes do not affect.
-DEFAULT_PYTHON = "/usr/bin/python3"
 # Host-side slack past the in-container timeout before the host kills and stops reading.
 _HOST_GRACE_S = 5.0
 _KILL_GRACE_S = 5.0
@@ -114,7 +112,11 @@ def _close_container(container: Any, staging: Path | None) -> None:
 
 
 class DockerSandbox(Sandbox):
-    """One container per trajectory; removed on close."""
+    """One container per trajectory; removed on close.
+
+    ``python`` is the interpreter graders run; by default the image's ``python3``, its path
+    looked up when the container starts, before the agent can run anything.
+    """
 
     def __init__(
         self,
@@ -125,14 +127,14 @@ class DockerSandbox(Sandbox):
         ro_binds: Sequence[Path] = (),
         workdir_from: Path | None = None,
         client: Any = None,
-        python: str = DEFAULT_PYTHON,
+        python: str | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
         if not PurePosixPath(workdir).is_absolute() or workdir == "/":
             raise SandboxPathError(f"workdir {workdir!r} must be an absolute path below /")
         self.workdir = workdir
         self.image = image
-        self.python = python
+        self.python = python or "python3"
         self._ro_binds = tuple(ro_binds)
         self._client = client or connect_docker()
         self._staging = Path(tempfile.mkdtemp(prefix="thundersync-docker-"))
@@ -151,6 +153,11 @@ class DockerSandbox(Sandbox):
     def _prepare_container(self) -> None:
         self._run_checked(["mkdir", "-p", LOGS_DIR, TESTS_DIR, _CONTROL_DIR, self.workdir])
         self._oom_kills = self._read_oom_kills()
+        if self.python == "python3":
+            # Graders' interpreter: the image's own, found before the agent ran anything.
+            found = self.exec(["sh", "-c", "command -v python3"], timeout_s=_SETUP_TIMEOUT_S)
+            if found.exit_code == 0 and found.stdout.strip().startswith("/"):
+                self.python = found.stdout.strip()
 
     def _start(self) -> Any:
         import docker  # noqa: PLC0415
@@ -164,6 +171,8 @@ class DockerSandbox(Sandbox):
         ]
         volumes = {str(p): {"bind": str(p), "mode": "ro"} for p in self._ro_binds}
         try:
+            # Looked up first: `containers.run` would try to pull a missing image.
+            self._client.images.get(self.image)
             return self._client.containers.run(
                 self.image,
                 command=["sleep", "infinity"],
@@ -185,7 +194,7 @@ class DockerSandbox(Sandbox):
             shutil.rmtree(self._staging, ignore_errors=True)
             raise SandboxUnavailable(
                 f"Docker image {self.image!r} is not on the daemon ({exc}); nothing is pulled: "
-                f"build it with `{BUILD_IMAGE_COMMAND}`"
+                f"build it with `{BUILD_IMAGE_COMMAND} --tag {self.image}`"
             ) from exc
         except docker.errors.APIError as exc:
             shutil.rmtree(self._staging, ignore_errors=True)
