@@ -24,8 +24,8 @@ error of the predictions.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +48,7 @@ class BenchRig:
     learners: dict[str, Any]
     task_ids: list[str]
     groups: Callable[..., Any]
+    publish_dirs: list[Path]
 
     def close(self) -> None:
         import ray  # noqa: PLC0415
@@ -55,11 +56,14 @@ class BenchRig:
         for actor in [self.rollout, self.teacher, *self.learners.values()]:
             if actor is not None:
                 ray.kill(actor)
+        for folder in self.publish_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def start_rig(config: TrainConfig, out_dir: Path) -> BenchRig:
     import ray  # noqa: PLC0415
 
+    from thundersync_core.rollout.weights import publication_dir  # noqa: PLC0415
     from thundersync_core.runtime.learner_worker import LearnerWorker  # noqa: PLC0415
     from thundersync_core.runtime.placement import remote_role, start_ray  # noqa: PLC0415
     from thundersync_core.runtime.rollout_worker import RolloutWorker  # noqa: PLC0415
@@ -83,16 +87,17 @@ def start_rig(config: TrainConfig, out_dir: Path) -> BenchRig:
     # The two learners share the learner's cores and its share of Ray's CPUs: one of them
     # works at a time.
     shared = res.learner.model_copy(update={"num_cpus": res.learner.num_cpus / 2})
+    publish_dirs = {s: publication_dir(f"bench-{s}") for s in BENCH_SCHEDULES}
     learners = {
         s: remote_role(LearnerWorker, shared).remote(
-            policy_dir,
-            config.model_copy(update={"schedule": s}),
-            publish_dir=Path("/dev/shm") / f"thundersync-bench-{s}-{time.time_ns()}",
+            policy_dir, config.model_copy(update={"schedule": s}), publish_dir=publish_dirs[s]
         )
         for s in BENCH_SCHEDULES
     }
     ray.get([rollout.version.remote(), *(lrn.version.remote() for lrn in learners.values())])
-    return BenchRig(rollout, teacher, learners, list(pool), group_lookup(rollout))
+    return BenchRig(
+        rollout, teacher, learners, list(pool), group_lookup(rollout), list(publish_dirs.values())
+    )
 
 
 def bench_steps(

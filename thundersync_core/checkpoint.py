@@ -4,8 +4,10 @@ A checkpoint is a folder ``step-NNNNNN`` holding everything that decides the nex
 the weights in Hugging Face format (so evaluation and engines load them like any model),
 the optimizer state, the random-number states (Python, NumPy, torch) and a ``state.json``
 with the step and policy version. It is written to a temporary sibling and renamed, so a
-crash never leaves a half-written checkpoint that ``latest_checkpoint`` would pick up.
-Resuming from step k and training on gives bitwise the parameters of an uninterrupted run.
+crash never leaves a half-written checkpoint that ``latest_checkpoint`` would pick up; a
+write that fails (a full disk) removes what it wrote and raises ``CheckpointWriteError``
+naming the latest complete checkpoint, which stays loadable. Resuming from step k and
+training on gives bitwise the parameters of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ import torch
 from transformers import PreTrainedModel
 
 STATE_FILE = "state.json"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (the disk is full, say); earlier ones are intact."""
 
 
 def checkpoint_dir(root: Path, step: int) -> Path:
@@ -43,6 +49,37 @@ def save_checkpoint(
     staging = target.with_name(f".{target.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    try:
+        _write_checkpoint(
+            staging,
+            step=step,
+            model=model,
+            optimizer=optimizer,
+            version=policy_version,
+            extra=extra,
+        )
+    except BaseException as exc:
+        # A full disk, say: what was written of this one goes, the earlier ones stay.
+        shutil.rmtree(staging, ignore_errors=True)
+        if not isinstance(exc, Exception):
+            raise
+        raise CheckpointWriteError(
+            f"writing checkpoint {target} failed ({exc}); "
+            f"the latest complete checkpoint is {latest_checkpoint(root)}"
+        ) from exc
+    staging.rename(target)
+    return target
+
+
+def _write_checkpoint(
+    staging: Path,
+    *,
+    step: int,
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    version: int,
+    extra: dict[str, Any] | None,
+) -> None:
     model.save_pretrained(staging / "model", safe_serialization=True)
     torch.save(optimizer.state_dict(), staging / "optimizer.pt")
     rng = {
@@ -51,10 +88,8 @@ def save_checkpoint(
         "torch": torch.get_rng_state(),
     }
     torch.save(rng, staging / "rng.pt")
-    state = {"step": step, "policy_version": policy_version, "extra": extra or {}}
+    state = {"step": step, "policy_version": version, "extra": extra or {}}
     (staging / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-    staging.rename(target)
-    return target
 
 
 def load_checkpoint(

@@ -34,6 +34,7 @@ from thundersync_core.batch import Trajectory, trajectory_to_json
 from thundersync_core.checkpoint import due, latest_checkpoint
 from thundersync_core.config import TrainConfig, dump_config
 from thundersync_core.metrics import staleness_tokens
+from thundersync_core.rollout.weights import process_alive, publication_dir
 from thundersync_core.runtime.rollout_worker import RolloutSpec
 from thundersync_core.schedules.base import StepOutcome
 
@@ -258,18 +259,8 @@ def _remove_abandoned_scratch(target: Path) -> None:
     prefix = _scratch_prefix(target)
     for scratch in target.parent.glob(f"{prefix}*"):
         pid = scratch.name[len(prefix) :]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def _digest_files(digest: Any, root: Path, label: str, pattern: str = "*") -> None:
@@ -456,14 +447,19 @@ def train(
     dev_pool = load_pool(config.tasks.prep_dir, "dev", config.tasks.families)
     policy_dir, teacher_dir = prepare_policies(config, out, list(train_pool.values()))
     start_ray(config.resources)
-    roles, start_step, state = _start_roles(
-        config,
-        out,
-        policy_dir=policy_dir,
-        teacher_dir=teacher_dir,
-        pool=train_pool | dev_pool,
-        checkpoint=checkpoint,
-    )
+    publish_dir = publication_dir(out.resolve().name)
+    try:
+        roles, start_step, state = _start_roles(
+            config,
+            publish_dir=publish_dir,
+            policy_dir=policy_dir,
+            teacher_dir=teacher_dir,
+            pool=train_pool | dev_pool,
+            checkpoint=checkpoint,
+        )
+    except BaseException:
+        shutil.rmtree(publish_dir, ignore_errors=True)
+        raise
     dev_ids, left_out = dev_tasks(
         config.tasks.prep_dir,
         config.tasks.families,
@@ -512,13 +508,14 @@ def train(
         for actor in (roles.rollout, roles.learner, roles.teacher):
             if actor is not None:
                 ray.kill(actor)
+        shutil.rmtree(publish_dir, ignore_errors=True)
     return summary
 
 
 def _start_roles(
     config: TrainConfig,
-    out: Path,
     *,
+    publish_dir: Path,
     policy_dir: Path,
     teacher_dir: Path | None,
     pool: dict[str, Path],
@@ -536,10 +533,6 @@ def _start_roles(
         state = json.loads((checkpoint / "state.json").read_text())
         print(f"[resume] from {checkpoint} (step {state['step']})", flush=True)
     engine_dir = checkpoint / "model" if checkpoint is not None else policy_dir
-    publish_dir = (
-        Path("/dev/shm" if Path("/dev/shm").is_dir() else out)
-        / f"thundersync-{out.resolve().name}-{time.time_ns()}"
-    )
     if res.learner.ranks > 1:
         from thundersync_core.runtime.learner_group import LearnerGroup  # noqa: PLC0415
 

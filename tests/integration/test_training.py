@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from safetensors.torch import load_file
 from thundersync_core.batch import read_batch
 from thundersync_core.config import load_config
 from thundersync_core.policy import build_model, build_tokenizer, save_policy
+from thundersync_core.rollout.weights import publication_root
 from thundersync_core.train import TrainingError, train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -140,9 +142,14 @@ def test_opd_over_the_teachers_top_k_agrees_between_sync_and_thundersync(
     )
 
 
-def _run_and_kill(config: Path, out: Path) -> None:
+def publications_of(pid: int) -> list[Path]:
+    """The weight-publication folders process ``pid`` of this host made."""
+    return sorted(publication_root().glob(f"thundersync-publish-{socket.gethostname()}-{pid}-*"))
+
+
+def _run_and_kill(config: Path, out: Path) -> int:
     """Start ``thundersync train`` and kill its whole process group mid-run, right after
-    the first checkpoint is complete (the second step is then in flight)."""
+    the first checkpoint is complete (the second step is then in flight); returns its pid."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -168,6 +175,7 @@ def _run_and_kill(config: Path, out: Path) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    return proc.pid
 
 
 @pytest.mark.parametrize("schedule", ["sync", "thundersync"])
@@ -176,10 +184,13 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
 ):
     config = _config_file(tmp_path, tiny_prep_dir, solver_policy_dir, schedule=schedule, steps=3)
     train(load_config(config), tmp_path / "whole")
-    _run_and_kill(config, tmp_path / "killed")
+    killed_pid = _run_and_kill(config, tmp_path / "killed")
     assert not (tmp_path / "killed" / "checkpoints" / "step-000003").exists()
+    assert publications_of(killed_pid), "the killed run left its weight files behind"
     summary = train(load_config(config), tmp_path / "killed", resume=True)
     assert summary["status"] == "finished"
+    # The resumed run removed the dead run's publication folder, and its own at the end.
+    assert publications_of(killed_pid) == publications_of(os.getpid()) == []
     whole, resumed = _weights(tmp_path / "whole", 3), _weights(tmp_path / "killed", 3)
     start = load_file(str(solver_policy_dir / "model.safetensors"))
     assert _max_rel(start, whole) > 1e-4, "training must have moved the weights"

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import shutil
+import subprocess
 
 import pytest
 import torch
 
 from tests.helpers import random_batch
 from thundersync_core.checkpoint import (
+    CheckpointWriteError,
     due,
     latest_checkpoint,
     load_checkpoint,
@@ -79,3 +83,38 @@ def test_latest_ignores_partial_and_steps_are_saved_once(tmp_path):
     assert [s for s in range(1, 13) if due(s, 4)] == [4, 8, 12]
     with pytest.raises(ValueError, match="cadence"):
         due(3, 0)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A file system with room for one micro checkpoint and a half (a tmpfs; needs root)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root")
+    model, optimizer, _ = fresh(0)
+    save_checkpoint(tmp_path / "probe", step=1, model=model, optimizer=optimizer, policy_version=1)
+    size = sum(p.stat().st_size for p in (tmp_path / "probe").rglob("*") if p.is_file())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2}", "tmpfs", str(disk)], check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip("this machine does not let root mount a tmpfs")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_whole(small_disk):
+    model, optimizer, learner = fresh(0)
+    first = save_checkpoint(small_disk, step=1, model=model, optimizer=optimizer, policy_version=1)
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    train(model, optimizer, learner, 1)
+    with pytest.raises(CheckpointWriteError, match=r"000002 failed .*No space left.*000001"):
+        save_checkpoint(small_disk, step=2, model=model, optimizer=optimizer, policy_version=2)
+    assert latest_checkpoint(small_disk) == first
+    assert sorted(p.name for p in small_disk.iterdir()) == ["step-000001"]  # no partial left
+    restored, restored_optimizer, _ = fresh(1)
+    state = load_checkpoint(first, model=restored, optimizer=restored_optimizer)
+    assert state["step"] == 1
+    for name, param in restored.named_parameters():
+        assert torch.equal(param, expected[name]), name

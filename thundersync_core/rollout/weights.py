@@ -9,6 +9,8 @@ between ``begin_batch`` and its barrier: a half-applied batch is never published
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Sequence
@@ -28,9 +30,51 @@ class Publication:
     bytes: int
 
 
+# A run's publication folder: <scratch>/thundersync-publish-<host>-<pid>-<label>-<ns>.
+_PUBLISH_PREFIX = "thundersync-publish-"
+
+
 def _scratch_dir() -> Path:
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def publication_root() -> Path:
+    """Where publication folders go: /dev/shm where it is writable, else the temp folder."""
+    return _scratch_dir()
+
+
+def publication_dir(label: str) -> Path:
+    """A new folder name for one run's published weight files (under /dev/shm where it can
+    be); first removes the folders that this host's runs which died (SIGKILL, a crash)
+    left behind. The caller removes its own at the end (``shutil.rmtree``)."""
+    root = publication_root()
+    remove_abandoned_publications(root)
+    name = f"{_PUBLISH_PREFIX}{socket.gethostname()}-{os.getpid()}-{label}-{time.time_ns()}"
+    return root / name
+
+
+def remove_abandoned_publications(root: Path) -> list[Path]:
+    """Removes this host's publication folders under ``root`` whose process is gone; a live
+    process's, or another host's (a shared folder), are left alone. Returns those removed."""
+    prefix = f"{_PUBLISH_PREFIX}{socket.gethostname()}-"
+    removed = []
+    for folder in sorted(Path(root).glob(f"{prefix}*")):
+        pid = folder.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 class WeightPublisher:
