@@ -27,7 +27,10 @@ A scripting task runs the agent's script inside the verifier, with the verifier'
 So each run gets its own session, killed when the run ends; before exiting, the checks
 kill every process started since the verifier began that is not one of its own (a
 daemon that left the session); the reward is written after that; and a verifier killed
-by a signal (the script killing ``test.sh``) earns 0 from the grader.
+by a signal (the script killing ``test.sh``) earns 0 from the grader. ``task.toml`` says
+``[verifier] workdir_only = true``: every check reads /app, so the grader may verify in a
+fresh environment holding only the workdir (on Docker, away from an interpreter the agent
+replaced as root).
 """
 
 from __future__ import annotations
@@ -158,7 +161,9 @@ def _task_toml(spec: TaskSpec, family: str, seed: int) -> str:
         f'generator = "{TASK_PREFIX}"\n'
         f"seed = {seed}\n\n"
         "[verifier]\n"
-        f"timeout_sec = {verifier_timeout_s:.1f}\n\n"
+        f"timeout_sec = {verifier_timeout_s:.1f}\n"
+        # Every check reads /app: the verifier needs nothing else the agent could change.
+        "workdir_only = true\n\n"
         "[agent]\n"
         f"timeout_sec = {agent_timeout_s:.1f}\n"
     )

@@ -300,3 +300,27 @@ def test_an_agent_script_run_by_the_verifier_cannot_write_its_reward(terminal, s
     solve = (task / "solution" / "solve.sh").read_text()
     assert terminal.exec("bash -s", stdin=solve).exit_code == 0
     assert grade_terminal(terminal, task).reward == 1.0
+
+
+def test_a_replaced_interpreter_cannot_pass_a_workdir_only_verifier(
+    terminal, script_task, tmp_path
+):
+    task, name = script_task
+    # Root in a Docker container can put a python3 that always succeeds ahead of the real
+    # one; the local sandbox's system folders are read-only, so there the plant fails.
+    fake = "#!/bin/sh\nexit 0\n"
+    planted = terminal.exec(
+        "for d in /usr/local/bin /usr/bin; do cat > $d/python3 && chmod 755 $d/python3 || exit 1;"
+        " done",
+        stdin=fake,
+    )
+    agent_writes(terminal, name, "#!/bin/bash\necho wrong\n")
+    if planted.exit_code == 0:
+        # The hole is real where the verifier keeps the agent's filesystem.
+        kept = shutil.copytree(task, tmp_path / "kept")
+        toml = (kept / "task.toml").read_text().replace("workdir_only = true\n", "")
+        (kept / "task.toml").write_text(toml)
+        assert grade_terminal(terminal, kept).reward == 1.0
+        agent(terminal, "cat > /usr/bin/python3", stdin=fake)  # grading reset nothing there
+    result = grade_terminal(terminal, task)
+    assert result.reward == 0.0, result.reason

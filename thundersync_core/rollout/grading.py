@@ -24,7 +24,11 @@ which also drops what the agent, root in its container, did to the image's inter
      parsed. Reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test passed; a test missing
      from the report, skipped or errored counts as failed.
 
-``grade_terminal`` (a Harbor-format task folder): installs the task's pristine ``tests/``
+``grade_terminal`` (a Harbor-format task folder): with ``[verifier] workdir_only = true``
+in task.toml (the checks look at /app alone) the verifier gets a fresh environment that
+carries only the workdir, as SWE grading does; otherwise the rest of the filesystem stays
+(the checks may look at installed packages, say), so on Docker a verifier there runs on
+what the agent, root in its container, left of the image. It installs the task's pristine ``tests/``
 at ``/tests`` (read-only inside the local sandbox), runs ``bash /tests/test.sh`` with the
 task's verifier timeout, Python's user site off and the working folder kept out of
 ``sys.path`` (``PYTHONSAFEPATH``), and reads ``/logs/verifier/reward.txt`` (a float) or
@@ -418,13 +422,15 @@ def grade_terminal(
 ) -> GradeResult:
     """Run a Harbor task's verifier (``tests/test.sh``) and read the reward it writes.
 
-    ``timeout_s`` defaults to ``[verifier] timeout_sec`` in task.toml, else 600 s.
+    ``timeout_s`` defaults to ``[verifier] timeout_sec`` in task.toml, else 600 s. Ends the
+    agent's phase of ``sandbox`` (``begin_verification``).
     """
     tests = Path(task_dir) / "tests"
     if not (tests / "test.sh").is_file():
         raise FileNotFoundError(f"task {task_dir}: missing tests/test.sh")
-    timeout = timeout_s if timeout_s is not None else _verifier_timeout(Path(task_dir))
-    sandbox.begin_verification(fresh=False)
+    default_timeout, workdir_only = _verifier_settings(Path(task_dir))
+    timeout = timeout_s if timeout_s is not None else default_timeout
+    sandbox.begin_verification(fresh=workdir_only)
     tests_dir = sandbox.install_tests(tests)
     run = sandbox.exec(["bash", f"{tests_dir}/test.sh"], timeout_s=timeout, env=_VERIFIER_ENV)
     details = {"verifier": run.to_json()}
@@ -439,10 +445,11 @@ def grade_terminal(
     return GradeResult(reward, reason, details)
 
 
-def _verifier_timeout(task_dir: Path) -> float:
+def _verifier_settings(task_dir: Path) -> tuple[float, bool]:
+    """``[verifier]`` of task.toml: ``timeout_sec`` (600 s) and ``workdir_only`` (false)."""
     config_path = task_dir / "task.toml"
     if not config_path.is_file():
-        return _DEFAULT_VERIFIER_TIMEOUT_S
+        return _DEFAULT_VERIFIER_TIMEOUT_S, False
     try:
         config = tomllib.loads(config_path.read_text())
     except tomllib.TOMLDecodeError as exc:
@@ -451,7 +458,10 @@ def _verifier_timeout(task_dir: Path) -> float:
     value = verifier.get("timeout_sec", _DEFAULT_VERIFIER_TIMEOUT_S)
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ValueError(f"{config_path}: [verifier] timeout_sec must be a positive number")
-    return float(value)
+    workdir_only = verifier.get("workdir_only", False)
+    if not isinstance(workdir_only, bool):
+        raise ValueError(f"{config_path}: [verifier] workdir_only must be true or false")
+    return float(value), workdir_only
 
 
 def _read_reward(sandbox: Sandbox) -> tuple[float, str]:
