@@ -22,14 +22,13 @@ from data_prep.generators.toyterm import generate
 from tests.integration.test_grading import (
     BUGGY_CALC,
     CHECK,
-    CONFTEST,
     F2P,
     FIXED_CALC,
     FORCE_PASS_CONFTEST,
     P2P,
-    TEST_CALC,
     TEST_FILES,
     make_task,
+    write_calc_repo,
 )
 from thundersync_core.rollout.grading import grade_swe, grade_terminal, snapshot_workdir
 from thundersync_core.rollout.sandbox import (
@@ -84,13 +83,7 @@ def open_box(backend: str, **kwargs) -> Sandbox:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("repo")
-    (root / "calc").mkdir()
-    (root / "calc" / "__init__.py").write_text(BUGGY_CALC)
-    (root / "tests").mkdir()
-    (root / "tests" / "test_calc.py").write_text(TEST_CALC)
-    (root / "conftest.py").write_text(CONFTEST)
-    return root
+    return write_calc_repo(tmp_path_factory.mktemp("repo"))
 
 
 @pytest.fixture(params=BACKENDS)
@@ -113,6 +106,11 @@ def agent(box, command: str, stdin: str | None = None) -> str:
 def agent_writes(box, path: str, content: str) -> None:
     result = box.exec(f'mkdir -p "$(dirname "{path}")" && cat > "{path}"', stdin=content)
     assert result.exit_code == 0, result.stderr
+
+
+def assert_the_bug_still_fails(result) -> None:
+    assert result.reward == 0.0, result.reason
+    assert result.details["fail_to_pass"] == {F2P[0]: "failed"}
 
 
 def naive_run_passes(box) -> bool:
@@ -153,9 +151,7 @@ def test_a_shadowed_test_runner_earns_zero(swe, plant):
         agent_writes(box, path, content)
     agent_writes(box, "calc/__init__.py", TOUCHED)
     assert naive_run_passes(box)
-    result = grade(box, baseline)
-    assert result.reward == 0.0, result.reason
-    assert result.details["fail_to_pass"] == {F2P[0]: "failed"}
+    assert_the_bug_still_fails(grade(box, baseline))
 
 
 @pytest.mark.parametrize(
@@ -227,9 +223,7 @@ def test_reports_planted_in_advance_and_by_a_background_writer_earn_zero(swe):
     )
     agent(box, f"setsid sh -c '{writer}' > /dev/null 2>&1 < /dev/null &")
     agent_writes(box, "calc/__init__.py", TOUCHED)
-    result = grade(box, baseline)
-    assert result.reward == 0.0, result.reason
-    assert result.details["fail_to_pass"] == {F2P[0]: "failed"}
+    assert_the_bug_still_fails(grade(box, baseline))
 
 
 @pytest.mark.parametrize(

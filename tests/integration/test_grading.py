@@ -65,15 +65,19 @@ FORCE_PASS_CONFTEST = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("repo")
+def write_calc_repo(root: Path) -> Path:
+    """The buggy ``calc`` repository with its tests and a conftest that puts it on sys.path."""
     (root / "calc").mkdir()
     (root / "calc" / "__init__.py").write_text(BUGGY_CALC)
     (root / "tests").mkdir()
     (root / "tests" / "test_calc.py").write_text(TEST_CALC)
     (root / "conftest.py").write_text(CONFTEST)
     return root
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    return write_calc_repo(tmp_path_factory.mktemp("repo"))
 
 
 @pytest.fixture
