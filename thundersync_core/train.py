@@ -23,7 +23,9 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +43,34 @@ from thundersync_core.schedules.base import StepOutcome
 
 class TrainingError(RuntimeError):
     """The run stopped: the message names the step and the cause."""
+
+
+class Preempted(TrainingError):
+    """SIGTERM arrived: the run stopped after the step in progress, with a checkpoint."""
+
+
+def _raise_if_preempted(
+    stop: threading.Event, steps_done: int, config: TrainConfig, out: Path, summary: dict
+) -> None:
+    if stop.is_set() and steps_done < config.steps:
+        summary |= {"status": "preempted", "steps": steps_done}
+        raise Preempted(
+            f"SIGTERM: stopped after step {steps_done} of {config.steps}, checkpointed in "
+            f"{out / 'checkpoints'}; rerun with --resume to finish"
+        )
+
+
+def _stop_on_sigterm(stop: threading.Event) -> Any:
+    """Make SIGTERM set ``stop``; returns the previous handler (None off the main thread,
+    where no handler can be installed and SIGTERM keeps its default)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        print(f"[preempt] signal {signum}: finishing the step in progress", flush=True)
+        stop.set()
+
+    return signal.signal(signal.SIGTERM, request_stop)
 
 
 # -- data ----------------------------------------------------------------------------------
@@ -284,6 +314,8 @@ class _Recorder:
     on_step: Callable[[dict[str, Any]], None] | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     peak_rollout_bytes: int = 0
+    #: Set (by a SIGTERM handler) to stop after the step in progress, checkpointed.
+    stop: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self, outcome: StepOutcome) -> bool:
         import ray  # noqa: PLC0415
@@ -296,7 +328,8 @@ class _Recorder:
         record |= {"wall_s": wall_s, "device_hours": self.devices * wall_s / 3600.0}
         self._write(outcome, record)
         step = outcome.step + 1
-        if due(step, self.config.checkpoint_every) or step == self.config.steps:
+        stopping = self.stop.is_set()
+        if due(step, self.config.checkpoint_every) or step == self.config.steps or stopping:
             extra = {
                 "device_hours": record["device_hours"],
                 "wall_s": wall_s,
@@ -309,7 +342,7 @@ class _Recorder:
         if self.on_step is not None:
             self.on_step(record)
         print(_progress(record), flush=True)
-        return True
+        return not stopping
 
     def _write(self, outcome: StepOutcome, record: dict[str, Any]) -> None:
         name = f"step-{outcome.step:06d}"
@@ -477,6 +510,8 @@ def train(
         "objective": config.objective,
         **({"dev_left_out": left_out} if left_out else {}),
     }
+    stop = threading.Event()
+    previous = _stop_on_sigterm(stop)
     try:
         if dev_ids and checkpoint is None:
             summary["dev_before"] = evaluate_pass_rate(
@@ -491,7 +526,9 @@ def train(
             start_step=start_step,
             state=state,
             on_step=on_step,
+            stop=stop,
         )
+        _raise_if_preempted(stop, start_step + len(recorder.records), config, out, summary)
         if dev_ids:
             summary["dev_after"] = evaluate_pass_rate(
                 roles.rollout, dev_ids, config.tasks.dev_samples
@@ -503,6 +540,8 @@ def train(
         summary |= {"status": "failed", "error": str(cause).strip().splitlines()[-1]}
         raise TrainingError(summary["error"]) from None
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         summary["devices"] = device_count(config.resources)
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         for actor in (roles.rollout, roles.learner, roles.teacher):
@@ -576,6 +615,7 @@ def _run_schedule(
     start_step: int,
     state: dict[str, Any],
     on_step: Callable[[dict[str, Any]], None] | None,
+    stop: threading.Event,
 ) -> _Recorder:
 
     from thundersync_core.runtime.placement import device_count  # noqa: PLC0415
@@ -598,6 +638,7 @@ def _run_schedule(
         wall_offset_s=float(state.get("extra", {}).get("wall_s", 0.0)),
         started_s=time.time(),
         on_step=on_step,
+        stop=stop,
     )
     ctx = RunContext(
         config, roles, lambda step: plan_step(config, task_ids, step), groups, recorder

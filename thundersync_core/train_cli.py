@@ -9,6 +9,9 @@ from typing import Any
 
 from thundersync_core.config import SCHEDULES
 
+# 128 + SIGTERM, as a shell reports a process that SIGTERM ended.
+PREEMPTED_EXIT = 143
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -45,10 +48,13 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dump_config(config), end="")
         return 0
-    from thundersync_core.train import TrainingError, train
+    from thundersync_core.train import Preempted, TrainingError, train
 
     try:
         summary = train(config, args.out, resume=args.resume)
+    except Preempted as exc:
+        print(f"thundersync train: preempted: {exc}", flush=True)
+        return PREEMPTED_EXIT
     except TrainingError as exc:
         print(f"thundersync train: stopped: {exc}")
         return 1

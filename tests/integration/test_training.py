@@ -8,6 +8,7 @@ runs in the embedded end-to-end run and the engine tests.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -31,6 +32,7 @@ from thundersync_core.config import load_config
 from thundersync_core.policy import build_model, build_tokenizer, save_policy
 from thundersync_core.rollout.weights import publication_root
 from thundersync_core.train import TrainingError, train
+from thundersync_core.train_cli import PREEMPTED_EXIT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -201,6 +203,46 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
         for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     ]
     assert steps == [0, 1, 2]
+
+
+@pytest.mark.parametrize("schedule", ["sync", "thundersync"])
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_ends_as_uninterrupted(
+    tmp_path, tiny_prep_dir, solver_policy_dir, schedule
+):
+    # Checkpoints only at the end: the one the stop leaves is written because of it.
+    config = _config_file(
+        tmp_path, tiny_prep_dir, solver_policy_dir, schedule=schedule, steps=3, checkpoint_every=3
+    )
+    train(load_config(config), tmp_path / "whole")
+    out = tmp_path / "stopped"
+    argv = [sys.executable, "-m", "thundersync_core.cli", "train", "--config", str(config)]
+    proc = subprocess.Popen(
+        [*argv, "--out", str(out)],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 240
+        while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
+            assert proc.poll() is None, "the run ended before its first step"
+            assert time.time() < deadline, "no step within 240 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # the driver alone, as a scheduler preempts it
+        stdout, _ = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == PREEMPTED_EXIT, stdout
+    assert "preempted: SIGTERM: stopped after step" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "preempted"
+    assert 1 <= summary["steps"] < 3
+    assert (out / "checkpoints" / f"step-{summary['steps']:06d}" / "state.json").is_file()
+    assert train(load_config(config), out, resume=True)["status"] == "finished"
+    tolerance = 0.0 if schedule == "sync" else 1e-6  # arrival order varies under thundersync
+    assert _max_rel(_weights(tmp_path / "whole", 3), _weights(out, 3)) <= tolerance
 
 
 def test_dev_is_measured_before_and_after_task_by_task(tmp_path, tiny_prep_dir, solver_policy_dir):
