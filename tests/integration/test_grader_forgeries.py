@@ -253,6 +253,16 @@ def terminal(request) -> Iterator[Sandbox]:
         yield box
 
 
+def test_read_only_folders_and_a_stopped_container_do_not_stop_grading(terminal, tmp_path):
+    task = make_task(tmp_path / "hello", f"{CHECK} && echo 1 > /logs/verifier/reward.txt")
+    agent(terminal, "mkdir -p /tmp/keep /logs/verifier/keep && chmod 500 /tmp/keep /logs/verifier")
+    agent(terminal, "pkill -9 -x sleep; true")  # Docker: the main process, so it stops
+    result = grade_terminal(terminal, task)
+    assert result.reward == 0.0, result.reason
+    terminal.exec("echo 'hello world' > /app/hello.txt")
+    assert grade_terminal(terminal, task).reward == 1.0
+
+
 REWARD_WRITER = (
     "while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; sleep 0.01; done"
 )

@@ -437,9 +437,14 @@ class DockerSandbox(Sandbox):
             self._replace_container()
         else:
             # Killing the container's init ends every process in it; its files stay.
-            self._container.kill()
+            self._container.reload()
+            if self._container.status == "running":
+                self._container.kill()
             self._container.start()
+        # Root here lacks CAP_DAC_OVERRIDE: folders the agent made read-only are opened up
+        # first, so that it cannot keep its files (or stop the grading) that way.
         reset = (
+            f"chmod -R u+rwX /tmp {LOGS_DIR} {TESTS_DIR} 2>/dev/null; "
             f"find /tmp -mindepth 1 -delete; rm -rf {LOGS_DIR} {TESTS_DIR}; "
             f"mkdir -p {LOGS_DIR}/verifier {TESTS_DIR} {_CONTROL_DIR}"
         )
