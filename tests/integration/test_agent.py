@@ -147,7 +147,7 @@ def sandbox_folders() -> set[Path]:
 @pytest.mark.parametrize(
     ("where", "error", "match"),
     [
-        ("grade", GraderError, "trajectory t0 of task write-hello failed: ValueError"),
+        ("grade", GraderError, r"trajectory t\d of task write-hello failed: ValueError"),
         ("setup", OSError, "no space left"),
     ],
 )
