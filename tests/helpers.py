@@ -1,13 +1,18 @@
-"""Shared test helpers: random batches and an independent, plainly written GRPO reference."""
+"""Shared test helpers: random batches, an independent, plainly written GRPO reference, and
+small training configs with their checkpoints' weights."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 import statistics
+import time
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from thundersync_core.batch import Segment, Trajectory, turns_of
 from thundersync_core.objectives.opd import TAIL_MASS_FLOOR, split_by_turn
@@ -213,3 +218,45 @@ def run_opd_sync(model, batch, **learner_kwargs):
     for traj in batch:
         learner.submit(traj)
     return learner.finish()
+
+
+def train_config_file(tmp: Path, prep: Path, policy: Path, **extra: object) -> Path:
+    """A small training config (hf engine, 2 groups of 4, a checkpoint every step) as a
+    file; ``extra`` sets keys, nested ones spelled ``a__b``."""
+    config = {
+        "name": "test",
+        "steps": 1,
+        "groups_per_step": 2,
+        "group_size": 4,
+        "lr": 1e-3,
+        "checkpoint_every": 1,
+        "policy": {"path": str(policy), "teacher_path": str(policy)},
+        "warm_start": {"enabled": False},
+        "tasks": {"prep_dir": str(prep), "dev_tasks": 0},
+        "rollout": {"engine": "hf", "max_turns": 3, "max_tokens_per_turn": 64},
+        "resources": {"learner_peak_flops": 1e10},
+    }
+    for dotted, value in extra.items():
+        node = config
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})  # type: ignore[assignment]
+        node[leaf] = value  # type: ignore[index]
+    path = tmp / f"config-{time.time_ns()}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def checkpoint_weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    """The policy weights of a run's checkpoint after ``step`` steps."""
+    folder = run / "checkpoints" / f"step-{step:06d}" / "model"
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(str(shard)))
+    return out
+
+
+def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max |a - b| over every tensor, relative to max |a|."""
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    return diff / max(float(a[k].abs().max()) for k in a)

@@ -136,6 +136,15 @@ class TrainConfig(_Strict):
     #: Sync's learner: the same per-source executor as thundersync (the default, so the
     #: two differ only in schedule) or the padded whole-batch learner.
     sync_learner: Literal["per-source", "batched"] = "per-source"
+    #: The per-source GRPO learner's float sums: ``arrival`` adds each trajectory's
+    #: gradient as its reward lands; ``fixed`` still runs each backward then but sums in
+    #: trajectory-id order, so a thundersync update is bitwise sync's, and a run resumed
+    #: after a fault ends bitwise as the uninterrupted one (it holds one gradient per
+    #: arrived trajectory of an open group, and per closed group until the barrier).
+    learner_order: Literal["arrival", "fixed"] = "arrival"
+    #: Roles (rollout with its engine, learner, teacher) restarted from the latest
+    #: checkpoint when one dies mid-run, before the run stops naming the fault.
+    max_role_restarts: int = Field(default=2, ge=0)
     #: With ``resources.learner.ranks`` > 1: ``replicated`` keeps the full model, gradient
     #: and optimizer on every rank; ``fsdp2`` shards master weights, gradients and optimizer
     #: state with FSDP2 beside a full compute replica (see ``parallel/fsdp.py``).
@@ -153,6 +162,11 @@ class TrainConfig(_Strict):
     def _lengths_fit(self) -> TrainConfig:
         if self.rollout.max_tokens_per_turn > self.rollout.max_total_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_total_tokens")
+        if self.learner_order == "fixed" and self.objective != "grpo":
+            raise ValueError(
+                "learner_order: fixed orders the per-source GRPO learner's sums; "
+                "objective opd sums in arrival order (use learner_order: arrival)"
+            )
         if self.learner_dtype == "bfloat16" and (
             self.learner_sharding != "fsdp2" or self.resources.learner.ranks < 2
         ):

@@ -18,6 +18,7 @@ with the step and source named; nothing of that step is written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -458,41 +459,8 @@ def evaluate_pass_rate(rollout: Any, task_ids: Sequence[str], samples: int) -> d
     }
 
 
-def train(
-    config: TrainConfig,
-    out: Path,
-    *,
-    resume: bool = False,
-    on_step: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """Run the training stage into ``out``; returns the summary (also ``summary.json``)."""
-    import ray  # noqa: PLC0415
-
-    from thundersync_core.runtime.placement import device_count, start_ray  # noqa: PLC0415
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint = latest_checkpoint(out / "checkpoints") if resume else None
-    if not resume and (out / "metrics.jsonl").exists():
-        raise FileExistsError(f"--out {out}: holds a run already (use --resume, or a new folder)")
-    (out / "config.yaml").write_text(dump_config(config))
-    train_pool = load_pool(config.tasks.prep_dir, "train", config.tasks.families)
-    dev_pool = load_pool(config.tasks.prep_dir, "dev", config.tasks.families)
-    policy_dir, teacher_dir = prepare_policies(config, out, list(train_pool.values()))
-    start_ray(config.resources)
-    publish_dir = publication_dir(out.resolve().name)
-    try:
-        roles, start_step, state = _start_roles(
-            config,
-            publish_dir=publish_dir,
-            policy_dir=policy_dir,
-            teacher_dir=teacher_dir,
-            pool=train_pool | dev_pool,
-            checkpoint=checkpoint,
-        )
-    except BaseException:
-        shutil.rmtree(publish_dir, ignore_errors=True)
-        raise
+def _dev_and_summary(config: TrainConfig) -> tuple[list[str], dict[str, Any]]:
+    """The dev task ids a run measures, and the head of its summary."""
     dev_ids, left_out = dev_tasks(
         config.tasks.prep_dir,
         config.tasks.families,
@@ -510,45 +478,246 @@ def train(
         "objective": config.objective,
         **({"dev_left_out": left_out} if left_out else {}),
     }
+    return dev_ids, summary
+
+
+def train(
+    config: TrainConfig,
+    out: Path,
+    *,
+    resume: bool = False,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run the training stage into ``out``; returns the summary (also ``summary.json``)."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.runtime.placement import start_ray  # noqa: PLC0415
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = latest_checkpoint(out / "checkpoints") if resume else None
+    if not resume and (out / "metrics.jsonl").exists():
+        raise FileExistsError(f"--out {out}: holds a run already (use --resume, or a new folder)")
+    (out / "config.yaml").write_text(dump_config(config))
+    train_pool = load_pool(config.tasks.prep_dir, "train", config.tasks.families)
+    dev_pool = load_pool(config.tasks.prep_dir, "dev", config.tasks.families)
+    policy_dir, teacher_dir = prepare_policies(config, out, list(train_pool.values()))
+    start_ray(config.resources)
+    crew = _Crew(
+        config,
+        out,
+        publish_dir=publication_dir(out.resolve().name),
+        policy_dir=policy_dir,
+        teacher_dir=teacher_dir,
+        pool=train_pool | dev_pool,
+    )
+    try:
+        start_step, state = crew.start(checkpoint)
+    except BaseException:
+        shutil.rmtree(crew.publish_dir, ignore_errors=True)
+        raise
+    dev_ids, summary = _dev_and_summary(config)
     stop = threading.Event()
     previous = _stop_on_sigterm(stop)
     try:
         if dev_ids and checkpoint is None:
             summary["dev_before"] = evaluate_pass_rate(
-                roles.rollout, dev_ids, config.tasks.dev_samples
+                crew.roles.rollout, dev_ids, config.tasks.dev_samples
             )
             print(f"[dev before] {json.dumps(summary['dev_before'])}", flush=True)
-        recorder = _run_schedule(
-            config,
-            out,
-            roles=roles,
-            train_pool=train_pool,
-            start_step=start_step,
-            state=state,
-            on_step=on_step,
-            stop=stop,
+        steps = _train_steps(
+            crew, train_pool, start_step, state, on_step=on_step, stop=stop, summary=summary
         )
-        _raise_if_preempted(stop, start_step + len(recorder.records), config, out, summary)
+        _raise_if_preempted(stop, steps, config, out, summary)
         if dev_ids:
             summary["dev_after"] = evaluate_pass_rate(
-                roles.rollout, dev_ids, config.tasks.dev_samples
+                crew.roles.rollout, dev_ids, config.tasks.dev_samples
             )
             print(f"[dev after] {json.dumps(summary['dev_after'])}", flush=True)
-        summary |= {"status": "finished", "steps": start_step + len(recorder.records)}
+        summary |= {"status": "finished", "steps": steps}
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-        summary |= {"status": "failed", "error": str(cause).strip().splitlines()[-1]}
+        # A refused step or a bug: a retry from the checkpoint would meet it again.
+        error = str(cause).strip().splitlines()[-1]
+        summary |= {"status": "failed", "retryable": False, "error": error}
+        raise TrainingError(summary["error"]) from None
+    except ray.exceptions.RayActorError as exc:
+        error = f"a role died: {_first_line(exc)}"
+        summary |= {"status": "failed", "retryable": True, "error": error}
         raise TrainingError(summary["error"]) from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        summary["devices"] = device_count(config.resources)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        for actor in (roles.rollout, roles.learner, roles.teacher):
-            if actor is not None:
-                ray.kill(actor)
-        shutil.rmtree(publish_dir, ignore_errors=True)
+        crew.close(summary)
     return summary
+
+
+# -- faults --------------------------------------------------------------------------------
+def role_fault(exc: BaseException, roles: Any) -> str | None:
+    """What died, when ``exc`` says a role's process (or the engine inside the rollout
+    role) is gone; None for any other error (a refused step, a bug: not retried)."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.rollout.engine import EngineFailed  # noqa: PLC0415
+
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+    if isinstance(cause, EngineFailed) or isinstance(exc, EngineFailed):
+        return f"rollout engine failed: {_first_line(cause)}"
+    if not isinstance(cause, ray.exceptions.RayActorError):
+        return None
+    dead = [name for name, actor in _named_roles(roles) if not _answers(actor)]
+    which = " and ".join(dead) if dead else "a"
+    return f"the {which} role's process died ({_first_line(cause)})"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _named_roles(roles: Any) -> list[tuple[str, Any]]:
+    named = [("rollout", roles.rollout), ("learner", roles.learner), ("teacher", roles.teacher)]
+    return [(name, actor) for name, actor in named if actor is not None]
+
+
+def _answers(actor: Any, timeout_s: float = 10.0) -> bool:
+    import ray  # noqa: PLC0415
+
+    try:
+        ray.get(actor.pid.remote(), timeout=timeout_s)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
+    return True
+
+
+@dataclass
+class _Crew:
+    """The run's roles, and how to start them again from the latest checkpoint."""
+
+    config: TrainConfig
+    out: Path
+    publish_dir: Path
+    policy_dir: Path
+    teacher_dir: Path | None
+    pool: dict[str, Path]
+    roles: Any = None
+    #: One record per restart after a fault (summary.json ``recoveries``).
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+
+    def start(self, checkpoint: Path | None) -> tuple[int, dict[str, Any]]:
+        """Start every role (from ``checkpoint`` if given); (first step, checkpoint state)."""
+        self.roles, step, state = _start_roles(
+            self.config,
+            publish_dir=self.publish_dir,
+            policy_dir=self.policy_dir,
+            teacher_dir=self.teacher_dir,
+            pool=self.pool,
+            checkpoint=checkpoint,
+        )
+        self._write_pids()
+        return step, state
+
+    def recover(self, fault: str, summary: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Restart every role from the latest checkpoint after ``fault``; the schedule then
+        replays from that step. Past ``max_role_restarts`` the run stops naming the fault."""
+        steps_done = _steps_recorded(self.out / "metrics.jsonl")
+        checkpoint = latest_checkpoint(self.out / "checkpoints")
+        if len(self.recoveries) >= self.config.max_role_restarts:
+            summary |= {
+                "status": "failed",
+                "retryable": True,
+                "error": f"step {steps_done}: {fault}; max_role_restarts "
+                f"({self.config.max_role_restarts}) used, latest checkpoint {checkpoint}",
+            }
+            raise TrainingError(summary["error"])
+        t0 = time.time()
+        self.stop()
+        print(
+            f"[recover] step {steps_done}: {fault}; restarting the roles from "
+            f"{checkpoint or 'the start'}",
+            flush=True,
+        )
+        step, state = self.start(checkpoint)
+        self.recoveries.append(
+            {
+                "fault": fault,
+                "step": steps_done,
+                "resumed_from_step": step,
+                "completed_steps_redone": steps_done - step,
+                "restart_s": round(time.time() - t0, 3),
+            }
+        )
+        self._write_pids()
+        return step, state
+
+    def close(self, summary: dict[str, Any]) -> None:
+        """The run's end, however it ended: summary.json written, roles and weight files gone."""
+        from thundersync_core.runtime.placement import device_count  # noqa: PLC0415
+
+        if self.recoveries:
+            summary["recoveries"] = self.recoveries
+        summary["devices"] = device_count(self.config.resources)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self.stop()
+        shutil.rmtree(self.publish_dir, ignore_errors=True)
+
+    def stop(self) -> None:
+        """Close the rollout role's sandboxes if it still answers, then kill every role."""
+        import ray  # noqa: PLC0415
+
+        with contextlib.suppress(Exception):  # best effort: the role is killed next anyway
+            ray.get(self.roles.rollout.close.remote(), timeout=30)
+        for _name, actor in _named_roles(self.roles):
+            ray.kill(actor)
+
+    def _write_pids(self) -> None:
+        """``roles.json``: the driver's and each role's process ids (and the engine core's)."""
+        import ray  # noqa: PLC0415
+
+        pids: dict[str, Any] = {"driver": os.getpid(), "restarts": len(self.recoveries)}
+        for name, actor in _named_roles(self.roles):
+            pids[name] = ray.get(actor.pid.remote())
+        pids["engine"] = ray.get(self.roles.rollout.engine_pids.remote())
+        (self.out / "roles.json").write_text(json.dumps(pids, indent=2) + "\n")
+
+
+def _train_steps(
+    crew: _Crew,
+    train_pool: dict[str, Path],
+    start_step: int,
+    state: dict[str, Any],
+    *,
+    on_step: Callable[[dict[str, Any]], None] | None,
+    stop: threading.Event,
+    summary: dict[str, Any],
+) -> int:
+    """Run the schedule to the end (or a stop), restarting the roles after a role fault;
+    returns the number of steps done."""
+    while True:
+        try:
+            recorder = _run_schedule(
+                crew.config,
+                crew.out,
+                roles=crew.roles,
+                train_pool=train_pool,
+                start_step=start_step,
+                state=state,
+                on_step=on_step,
+                stop=stop,
+            )
+        except Exception as exc:
+            fault = role_fault(exc, crew.roles)
+            if fault is None:
+                raise
+            start_step, state = crew.recover(fault, summary)
+        else:
+            return start_step + len(recorder.records)
+
+
+def _steps_recorded(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
 
 
 def _start_roles(

@@ -27,6 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import checkpoint_weights, max_rel_diff, train_config_file
 from thundersync_core.batch import read_batch
 from thundersync_core.config import load_config
 from thundersync_core.policy import build_model, build_tokenizer, save_policy
@@ -37,49 +38,13 @@ from thundersync_core.train_cli import PREEMPTED_EXIT
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _config_file(tmp: Path, prep: Path, policy: Path, **extra: object) -> Path:
-    config = {
-        "name": "test",
-        "steps": 1,
-        "groups_per_step": 2,
-        "group_size": 4,
-        "lr": 1e-3,
-        "checkpoint_every": 1,
-        "policy": {"path": str(policy), "teacher_path": str(policy)},
-        "warm_start": {"enabled": False},
-        "tasks": {"prep_dir": str(prep), "dev_tasks": 0},
-        "rollout": {"engine": "hf", "max_turns": 3, "max_tokens_per_turn": 64},
-        "resources": {"learner_peak_flops": 1e10},
-    }
-    for dotted, value in extra.items():
-        node = config
-        *parents, leaf = dotted.split("__")
-        for key in parents:
-            node = node.setdefault(key, {})  # type: ignore[assignment]
-        node[leaf] = value  # type: ignore[index]
-    path = tmp / f"config-{time.time_ns()}.json"
-    path.write_text(json.dumps(config))
-    return path
-
-
-def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
-    folder = run / "checkpoints" / f"step-{step:06d}" / "model"
-    out: dict[str, torch.Tensor] = {}
-    for shard in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(str(shard)))
-    return out
-
-
-def _max_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
-    return diff / max(float(a[k].abs().max()) for k in a)
-
-
 def test_sync_and_thundersync_agree_on_the_first_step(tmp_path, tiny_prep_dir, solver_policy_dir):
     runs = {}
-    for schedule in ("sync", "thundersync"):
+    for schedule in ("sync", "thundersync", "thundersync-fixed"):
+        order = "fixed" if schedule.endswith("-fixed") else "arrival"
         cfg = load_config(
-            _config_file(tmp_path, tiny_prep_dir, solver_policy_dir), {"schedule": schedule}
+            train_config_file(tmp_path, tiny_prep_dir, solver_policy_dir),
+            {"schedule": schedule.removesuffix("-fixed"), "learner_order": order},
         )
         train(cfg, tmp_path / schedule)
         runs[schedule] = tmp_path / schedule
@@ -93,7 +58,10 @@ def test_sync_and_thundersync_agree_on_the_first_step(tmp_path, tiny_prep_dir, s
     assert len(rewards) > 1, "uniform rewards would make the update trivially equal"
 
     start = load_file(str(solver_policy_dir / "model.safetensors"))
-    after_sync, after_stream = _weights(runs["sync"], 1), _weights(runs["thundersync"], 1)
+    after_sync, after_stream = (
+        checkpoint_weights(runs["sync"], 1),
+        checkpoint_weights(runs["thundersync"], 1),
+    )
     update_sync = {k: after_sync[k] - start[k] for k in start}
     update_stream = {k: after_stream[k] - start[k] for k in start}
     norm = torch.sqrt(sum((u**2).sum() for u in update_sync.values()))
@@ -105,6 +73,9 @@ def test_sync_and_thundersync_agree_on_the_first_step(tmp_path, tiny_prep_dir, s
     assert metrics["sync"]["grad_norm"] == pytest.approx(
         metrics["thundersync"]["grad_norm"], rel=1e-4
     )
+    # In trajectory-id order the streamed sums are the ones sync takes: bitwise one update.
+    fixed = checkpoint_weights(runs["thundersync-fixed"], 1)
+    assert all(torch.equal(fixed[k], after_sync[k]) for k in start)
 
 
 def test_opd_over_the_teachers_top_k_agrees_between_sync_and_thundersync(
@@ -115,7 +86,7 @@ def test_opd_over_the_teachers_top_k_agrees_between_sync_and_thundersync(
     updates, metrics = {}, {}
     start = load_file(str(solver_policy_dir / "model.safetensors"))
     for schedule in ("sync", "thundersync"):
-        config = _config_file(
+        config = train_config_file(
             tmp_path,
             tiny_prep_dir,
             solver_policy_dir,
@@ -125,7 +96,7 @@ def test_opd_over_the_teachers_top_k_agrees_between_sync_and_thundersync(
             policy__teacher_path=str(tiny_policy_dir),
         )
         train(load_config(config), tmp_path / schedule)
-        after = _weights(tmp_path / schedule, 1)
+        after = checkpoint_weights(tmp_path / schedule, 1)
         updates[schedule] = {k: after[k] - start[k] for k in start}
         metrics[schedule] = json.loads(
             (tmp_path / schedule / "metrics.jsonl").read_text().splitlines()[0]
@@ -184,7 +155,14 @@ def _run_and_kill(config: Path, out: Path) -> int:
 def test_kill_and_resume_ends_with_the_uninterrupted_weights(
     tmp_path, tiny_prep_dir, solver_policy_dir, schedule
 ):
-    config = _config_file(tmp_path, tiny_prep_dir, solver_policy_dir, schedule=schedule, steps=3)
+    config = train_config_file(
+        tmp_path,
+        tiny_prep_dir,
+        solver_policy_dir,
+        schedule=schedule,
+        steps=3,
+        learner_order="fixed",
+    )
     train(load_config(config), tmp_path / "whole")
     killed_pid = _run_and_kill(config, tmp_path / "killed")
     assert not (tmp_path / "killed" / "checkpoints" / "step-000003").exists()
@@ -193,11 +171,14 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
     assert summary["status"] == "finished"
     # The resumed run removed the dead run's publication folder, and its own at the end.
     assert publications_of(killed_pid) == publications_of(os.getpid()) == []
-    whole, resumed = _weights(tmp_path / "whole", 3), _weights(tmp_path / "killed", 3)
+    whole, resumed = (
+        checkpoint_weights(tmp_path / "whole", 3),
+        checkpoint_weights(tmp_path / "killed", 3),
+    )
     start = load_file(str(solver_policy_dir / "model.safetensors"))
-    assert _max_rel(start, whole) > 1e-4, "training must have moved the weights"
-    tolerance = 0.0 if schedule == "sync" else 1e-6  # arrival order varies under thundersync
-    assert _max_rel(whole, resumed) <= tolerance
+    assert max_rel_diff(start, whole) > 1e-4, "training must have moved the weights"
+    # Bitwise: the sums are taken in trajectory-id order whatever order rewards landed in.
+    assert max_rel_diff(whole, resumed) == 0.0
     steps = [
         json.loads(x)["step"]
         for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
@@ -210,8 +191,14 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_ends_as_unint
     tmp_path, tiny_prep_dir, solver_policy_dir, schedule
 ):
     # Checkpoints only at the end: the one the stop leaves is written because of it.
-    config = _config_file(
-        tmp_path, tiny_prep_dir, solver_policy_dir, schedule=schedule, steps=3, checkpoint_every=3
+    config = train_config_file(
+        tmp_path,
+        tiny_prep_dir,
+        solver_policy_dir,
+        schedule=schedule,
+        steps=3,
+        checkpoint_every=3,
+        learner_order="fixed",
     )
     train(load_config(config), tmp_path / "whole")
     out = tmp_path / "stopped"
@@ -241,8 +228,7 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_ends_as_unint
     assert 1 <= summary["steps"] < 3
     assert (out / "checkpoints" / f"step-{summary['steps']:06d}" / "state.json").is_file()
     assert train(load_config(config), out, resume=True)["status"] == "finished"
-    tolerance = 0.0 if schedule == "sync" else 1e-6  # arrival order varies under thundersync
-    assert _max_rel(_weights(tmp_path / "whole", 3), _weights(out, 3)) <= tolerance
+    assert max_rel_diff(checkpoint_weights(tmp_path / "whole", 3), checkpoint_weights(out, 3)) == 0
 
 
 def test_dev_is_measured_before_and_after_task_by_task(tmp_path, tiny_prep_dir, solver_policy_dir):
@@ -255,7 +241,7 @@ def test_dev_is_measured_before_and_after_task_by_task(tmp_path, tiny_prep_dir, 
     for row in rows:
         row["instruction"] = (table / row["path"] / "instruction.md").read_text()
     pq.write_table(pa.Table.from_pylist(rows), table / "terminal" / "dev.parquet")
-    config = _config_file(
+    config = train_config_file(
         tmp_path, table, solver_policy_dir, tasks__dev_tasks=4, tasks__dev_samples=3,
         tasks__dev_exclude=[str(seen.parent)],
     )  # fmt: skip
@@ -272,7 +258,7 @@ def test_dev_is_measured_before_and_after_task_by_task(tmp_path, tiny_prep_dir, 
 def test_non_finite_teacher_scores_stop_the_run_and_keep_checkpoints(
     tmp_path, tiny_prep_dir, solver_policy_dir
 ):
-    config = _config_file(
+    config = train_config_file(
         tmp_path, tiny_prep_dir, solver_policy_dir, objective="opd", schedule="thundersync"
     )
     run = tmp_path / "run"
@@ -291,7 +277,7 @@ def test_non_finite_teacher_scores_stop_the_run_and_keep_checkpoints(
     save_policy(
         broken, build_tokenizer(vocab_size=broken.config.vocab_size), tmp_path / "nan-teacher"
     )
-    bad = _config_file(
+    bad = train_config_file(
         tmp_path,
         tiny_prep_dir,
         solver_policy_dir,
@@ -316,7 +302,7 @@ def test_non_finite_teacher_scores_stop_the_run_and_keep_checkpoints(
 def test_off_policy_schedules_record_bounded_staleness(
     tmp_path, tiny_prep_dir, solver_policy_dir, schedule, objective
 ):
-    config = _config_file(
+    config = train_config_file(
         tmp_path,
         tiny_prep_dir,
         solver_policy_dir,

@@ -94,3 +94,42 @@ def test_larger_offset_rewards_stay_exact_in_fp32(micro32):
     order = random.Random(3).sample(shifted, len(shifted))
     stream = run(StreamingGRPOLearner(micro32), shifted, order)
     assert rel_diff(ref, stream.grad_objective) <= 1e-5
+
+
+@pytest.mark.parametrize("cap", [1, 3])
+def test_fixed_order_is_bitwise_the_sorted_batch_whatever_the_arrival(micro32, batch, cap):
+    # float32, where sums in another order differ in the last bits (arrival order shows it).
+    ordered = sorted(batch, key=lambda t: t.trajectory_id)
+    sorted_grads = run(StreamingGRPOLearner(micro32, max_open_groups=3), ordered).grad_objective
+    shuffled = [random.Random(seed).sample(batch, len(batch)) for seed in range(4)]
+    arrival = [run(StreamingGRPOLearner(micro32, max_open_groups=cap), batch, o) for o in shuffled]
+    assert any(
+        not torch.equal(r.grad_objective[k], sorted_grads[k]) for r in arrival for k in sorted_grads
+    ), "arrival order should move float32 sums (else this test shows nothing)"
+    for order in shuffled:
+        learner = StreamingGRPOLearner(micro32, max_open_groups=cap, order="fixed")
+        result = run(learner, batch, order)
+        for name, grad in sorted_grads.items():
+            assert torch.equal(result.grad_objective[name], grad), name
+        assert learner.live_statistics_bytes() == 0  # everything was added at the barrier
+    _, ref_grads = reference_grad_j(micro32, batch)
+    assert rel_diff(ref_grads, result.grad_objective) <= 1e-5
+
+
+def test_fixed_order_holds_gradients_until_close_and_barrier(micro64, batch):
+    learner = StreamingGRPOLearner(micro64, max_open_groups=3, order="fixed")
+    learner.begin_batch(groups_of(batch))
+    by_group: dict[str, list] = {}
+    for traj in batch:
+        by_group.setdefault(traj.group_id, []).append(traj)
+    first, *_ = by_group.values()
+    for traj in first:
+        learner.submit(traj)
+    # The group closed: its contribution waits for the barrier, nothing is in the sum yet.
+    assert all(float(acc.abs().max()) == 0.0 for acc in learner.gradient_so_far())
+    assert learner.live_statistics_bytes() > 0
+    for traj in batch[len(first) :]:
+        learner.submit(traj)
+    result = learner.finish()
+    _, ref_grads = reference_grad_j(micro64, batch)
+    assert rel_diff(ref_grads, result.grad_objective) <= 1e-10

@@ -20,6 +20,11 @@ from typing import Literal, Protocol
 FinishReason = Literal["stop", "length"]
 
 
+class EngineFailed(RuntimeError):
+    """The engine cannot serve any more requests (its process died); the rollout role must
+    be restarted. The training stage does so from the latest checkpoint."""
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 1.0

@@ -11,11 +11,13 @@ that the worker extension (``vllm_worker.py``) loads in place.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from thundersync_core.rollout.engine import (
+    EngineFailed,
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -91,7 +93,8 @@ class VLLMEngine:
             )
             for r in requests
         ]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        with _engine_failure("generate"):
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
 
     def _result(self, request: GenerationRequest, output: Any) -> GenerationResult:
@@ -105,14 +108,36 @@ class VLLMEngine:
         return GenerationResult(request.request_id, tokens, logprobs, finish, self.policy_version)
 
     def load_weights(self, path: Path, version: int) -> None:
-        self.llm.collective_rpc("thundersync_load_weights", args=(str(path),))
-        # Cached prefix keys/values were computed by the old weights: drop them, or the
-        # shared system prompt of every later request is read through the old policy.
-        self.llm.reset_prefix_cache()
+        with _engine_failure(f"loading weights version {version}"):
+            self.llm.collective_rpc("thundersync_load_weights", args=(str(path),))
+            # Cached prefix keys/values were computed by the old weights: drop them, or the
+            # shared system prompt of every later request is read through the old policy.
+            self.llm.reset_prefix_cache()
         self.policy_version = version
+
+    def engine_pids(self) -> list[int]:
+        """The engine core's process ids (children of this process named by vLLM)."""
+        import psutil
+
+        return [
+            child.pid
+            for child in psutil.Process().children(recursive=True)
+            if child.name().startswith("VLLM::EngineCore")
+        ]
 
     def close(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+@contextmanager
+def _engine_failure(what: str) -> Iterator[None]:
+    """vLLM's "engine dead" error, as the protocol's ``EngineFailed`` naming the call."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    try:
+        yield
+    except EngineDeadError as exc:
+        raise EngineFailed(f"the vLLM engine core process died during {what} ({exc})") from None

@@ -22,6 +22,7 @@ streamed in are checked on every rank before any rank enters the barrier.
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,10 @@ class LearnerGroup:
         self.assigner = GroupAssigner(world)
         self._groups: dict[str, tuple[tuple[int, ...], int]] = {}
         self._error: str | None = None
+
+    def pid(self) -> int:
+        """The facade's process id (its ranks are owned by it and die with it)."""
+        return os.getpid()
 
     def version(self) -> int:
         import ray  # noqa: PLC0415

@@ -10,6 +10,7 @@ so a refused step leaves every checkpoint as it was.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> 
             policy_version=version,
             max_lag=lag,
             is_clip=is_clip,
+            order=config.learner_order,
         )
     top_k = config.opd_teacher_top_k
     if batched:
@@ -108,6 +110,10 @@ class LearnerWorker:
         self._groups_seen: set[str] = set()
         self._error: str | None = None
         self.ledger.reset()
+
+    def pid(self) -> int:
+        """This role's process id (roles.json in the run folder lists them)."""
+        return os.getpid()
 
     def version(self) -> int:
         return self.learner.policy_version

@@ -13,6 +13,7 @@ two threads so ``publish`` lands while ``rollout`` is streaming.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -103,6 +104,15 @@ class RolloutWorker:
             pending, self._pending = self._pending, None
         if pending is not None:
             self.load_weights(str(pending[0]), pending[1])
+
+    def pid(self) -> int:
+        """This role's process id (roles.json in the run folder lists them)."""
+        return os.getpid()
+
+    def engine_pids(self) -> list[int]:
+        """Processes of the engine apart from this one (vLLM's engine core; none for hf)."""
+        pids = getattr(self.engine, "engine_pids", None)
+        return list(pids()) if callable(pids) else []
 
     def version(self) -> int:
         return self.engine.policy_version

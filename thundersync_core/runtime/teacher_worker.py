@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,10 @@ class TeacherWorker:
         for p in model.parameters():
             p.requires_grad_(False)
         self.teacher = Teacher(model, top_k=top_k)
+
+    def pid(self) -> int:
+        """This role's process id (roles.json in the run folder lists them)."""
+        return os.getpid()
 
     def ready(self) -> bool:
         return True

@@ -10,12 +10,23 @@ part is replayed through the prompt once. At most ``max_open_groups`` groups hol
 statistics (each costs two gradient-sized buffers); a trajectory of a further group is held,
 as token ids only, until a group closes. Work is conserving: a close admits held sources at
 once.
+
+Float sums depend on their order. With ``order="arrival"`` (the default) a trajectory's
+gradient enters its group's statistics as its reward lands, so two runs whose rewards land
+in different orders differ in the last bits (about 1e-7 relative in float32). With
+``order="fixed"`` each backward still runs the moment its reward lands, but the sums are
+taken in trajectory-id order within a group (at its close) and in group-id order across
+groups (at the barrier): the update is then bitwise the one this learner computes from the
+batch in sorted order, which is what the sync schedule hands it, whatever the arrival order.
+It costs memory: an open group holds one gradient per arrived trajectory instead of two
+statistics, and a closed group holds its contribution until the barrier.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from transformers import PreTrainedModel
@@ -37,6 +48,10 @@ class _OpenGroup:
     scores: list[float] = field(default_factory=list)
     x1: list[torch.Tensor] | None = None
     x2: list[torch.Tensor] | None = None
+    #: order="fixed": trajectory id -> (reward, score, gradients), summed at close.
+    arrived: dict[str, tuple[float, float, list[torch.Tensor | None] | None]] = field(
+        default_factory=dict
+    )
 
     @property
     def complete(self) -> bool:
@@ -54,9 +69,12 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         policy_version: int = 0,
         max_lag: int = 0,
         is_clip: float | None = None,
+        order: Literal["arrival", "fixed"] = "arrival",
     ) -> None:
         if max_open_groups < 1:
             raise ValueError(f"max_open_groups must be >= 1, got {max_open_groups}")
+        if order not in ("arrival", "fixed"):
+            raise ValueError(f"order must be 'arrival' or 'fixed', got {order!r}")
         super().__init__(
             model,
             loss_agg=loss_agg,
@@ -66,9 +84,13 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             is_clip=is_clip,
         )
         self.max_open_groups = max_open_groups
+        self.order = order
 
     def _on_begin(self) -> None:
         self._open: dict[str, _OpenGroup] = {}
+        #: order="fixed": group id -> (objective term, parameter gradient parts), added at
+        #: the barrier in group-id order.
+        self._closed: dict[str, tuple[float, list[list[torch.Tensor | None]]]] = {}
         self._held: deque[Trajectory] = deque()
         self._stats = {"groups_closed": 0, "prefix_replays": 0, "sources_held": 0}
         self._stats |= {"peak_open_groups": 0, "trajectory_backwards": 0}
@@ -105,6 +127,13 @@ class StreamingGRPOLearner(GRPOLearnerBase):
     def _process(self, traj: Trajectory) -> None:
         group = self._open.get(traj.group_id) or self._open_group(traj.group_id)
         score, grads = self._score_and_grad(traj, group.prefix)
+        if self.order == "fixed":
+            group.arrived[traj.trajectory_id] = (traj.reward, score, grads)
+            group.rewards.append(traj.reward)
+            if group.complete:
+                self._sum_in_order(group)
+                self._close(traj.group_id)
+            return
         if group.shift is None:
             group.shift = traj.reward
         group.rewards.append(traj.reward)
@@ -113,6 +142,18 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             self._accumulate(group, grads, traj.reward - group.shift)
         if group.complete:
             self._close(traj.group_id)
+
+    def _sum_in_order(self, group: _OpenGroup) -> None:
+        """The arrival path's sums, taken in trajectory-id order."""
+        group.rewards, group.scores = [], []
+        for trajectory_id in sorted(group.arrived):
+            reward, score, grads = group.arrived.pop(trajectory_id)
+            if group.shift is None:
+                group.shift = reward
+            group.rewards.append(reward)
+            group.scores.append(score)
+            if grads is not None:
+                self._accumulate(group, grads, reward - group.shift)
 
     def _score_and_grad(
         self, traj: Trajectory, prefix: SharedPrefix | None
@@ -155,21 +196,36 @@ class StreamingGRPOLearner(GRPOLearnerBase):
     def _close(self, group_id: str) -> None:
         group = self._open.pop(group_id)
         advantages_I = advantages(group.rewards)
-        self._objective_sum += sum(a * s for a, s in zip(advantages_I, group.scores, strict=True))
+        objective = sum(a * s for a, s in zip(advantages_I, group.scores, strict=True))
         coeff_x1, coeff_x2 = close_coefficients(group.rewards, group.shift or 0.0)
         self._stats["groups_closed"] += 1
+        parts: list[list[torch.Tensor | None]] = []
         if group.x1 is None or group.x2 is None or (coeff_x1 == 0.0 and coeff_x2 == 0.0):
             if group.prefix is not None:
                 group.prefix.release()
+        else:
+            combined = [
+                coeff_x1 * x1 + coeff_x2 * x2 for x1, x2 in zip(group.x1, group.x2, strict=True)
+            ]
+            n_params = len(self.params)
+            parts.append(list(combined[:n_params]))
+            if group.prefix is not None:
+                parts.append(list(group.prefix.replay(combined[n_params:], self.params)))
+                self._stats["prefix_replays"] += 1
+        if self.order == "fixed":
+            self._closed[group_id] = (objective, parts)
             return
-        combined = [
-            coeff_x1 * x1 + coeff_x2 * x2 for x1, x2 in zip(group.x1, group.x2, strict=True)
-        ]
-        n_params = len(self.params)
-        self._add_grads(combined[:n_params])
-        if group.prefix is not None:
-            self._add_grads(group.prefix.replay(combined[n_params:], self.params))
-            self._stats["prefix_replays"] += 1
+        self._commit(objective, parts)
+
+    def _commit(self, objective: float, parts: list[list[torch.Tensor | None]]) -> None:
+        self._objective_sum += objective
+        for grads in parts:
+            self._add_grads(grads)
+
+    def _on_barrier(self) -> None:
+        # Runs once every group has closed; group-id order makes the sum arrival-free.
+        for group_id in sorted(self._closed):
+            self._commit(*self._closed.pop(group_id))
 
     def _pending_work(self) -> str:
         if self._open:
@@ -182,11 +238,16 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         return dict(self._stats)
 
     def live_statistics_bytes(self) -> int:
-        """Bytes held by open groups' sufficient statistics (the admission cap bounds this)."""
+        """Bytes held by open groups' sufficient statistics (the admission cap bounds this)
+        and, with order="fixed", by held gradients and closed groups' contributions."""
         total = 0
         for group in self._open.values():
             for buffers in (group.x1, group.x2):
                 total += sum(t.numel() * t.element_size() for t in buffers or [])
+            for _reward, _score, grads in group.arrived.values():
+                total += sum(t.numel() * t.element_size() for t in grads or [] if t is not None)
+        for _objective, parts in getattr(self, "_closed", {}).values():
+            total += sum(t.numel() * t.element_size() for g in parts for t in g if t is not None)
         return total
 
 
