@@ -117,6 +117,10 @@ class TrainParams(_Params):
     ray_address: str | None = None
     #: Seconds between looks at metrics.jsonl.
     poll_s: float = Field(default=2.0, gt=0)
+    #: Attempts after a trainer that died (preempted, killed, a role that kept failing);
+    #: each resumes from the latest checkpoint. A refused step or input is not retried.
+    retries: int = Field(default=2, ge=0)
+    retry_delay_s: float = Field(default=10.0, ge=0)
     tracking: TrackingParams = Field(default_factory=TrackingParams)
 
     @property

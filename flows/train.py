@@ -1,14 +1,15 @@
 """``train_flow``: one training run (one schedule, one seed), followed step by step.
 
 Resolve the config (validated, written with absolute paths as the run's config.yaml),
-open the MLflow run, launch (Ray job, thread or process: tasks/jobs.py), then tail
-``metrics.jsonl`` and log each new step as it lands, and finish with the run's files, its
-status and a Prefect summary. A failed run fails the flow with the trainer's own message.
+open the MLflow run, train (a Ray job, thread or process: tasks/jobs.py) while logging
+each step of ``metrics.jsonl`` as it lands, and finish with the run's files, its status and
+a Prefect summary. A trainer that dies (preempted, killed, a role that kept failing) is
+started again ``retries`` times, resuming from the latest checkpoint. A failed run fails
+the flow with the trainer's own message.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +18,17 @@ from prefect.runtime import flow_run
 
 from flows.params import TrainParams
 from tasks import tracking
-from tasks.jobs import TrainingJob
 from tasks.report import publish_report
 from tasks.train import (
+    TrainingFailed,
     finish_training,
-    launch_training,
-    log_steps,
     open_train_run,
-    read_new_records,
     resolve_train_config,
     run_totals,
+    run_training,
 )
 
 __all__ = ["TrainingFailed", "config_name", "train_flow"]
-
-
-class TrainingFailed(RuntimeError):
-    """The training stage stopped; the message is the trainer's own cause."""
 
 
 def config_name(train_config: str | None, overrides: dict[str, Any]) -> str:
@@ -41,21 +36,6 @@ def config_name(train_config: str | None, overrides: dict[str, Any]) -> str:
     from thundersync_core.config import load_config  # noqa: PLC0415
 
     return load_config(Path(train_config) if train_config else None, overrides).name
-
-
-def follow(job: TrainingJob, tracking_uri: str, run_id: str, poll_s: float) -> None:
-    """Log every step of ``job`` as its line lands in metrics.jsonl, until the job ends."""
-    metrics = Path(job.run_dir) / "metrics.jsonl"
-    offset = 0
-    while True:
-        # Status first: a job seen finished has written its last line already.
-        finished = job.poll() != "running"
-        records, offset = read_new_records(metrics, offset)
-        if records:
-            log_steps(tracking_uri, run_id, records)
-        if finished:
-            return
-        time.sleep(poll_s)
 
 
 def _report(params: TrainParams, run: dict[str, Any], totals: dict[str, Any], ui_url: str) -> str:
@@ -102,18 +82,26 @@ def train_flow(
         parent_run_id=parent_run_id,
         flow_run_id=str(flow_run.id or ""),
     )
-    job = launch_training(
+    attempt = run_training.with_options(
+        retries=params.retries, retry_delay_seconds=params.retry_delay_s
+    )(
         params.launcher,
         config_path,
         run_dir,
+        tracking_uri=uri,
+        run_id=run["run_id"],
+        poll_s=params.poll_s,
         ray_address=params.ray_address,
         submission_id=f"{flow_run.name or 'train'}-{params.run_name}",
+        return_state=True,
     )
-    follow(job, uri, run["run_id"], params.poll_s)
-    error = job.failure() if job.poll() == "failed" else None
+    failure = attempt.data if attempt.is_failed() else None
+    error = str(failure) if failure is not None else None
     summary = finish_training(uri, run["run_id"], run_dir, error=error)
+    if isinstance(failure, BaseException):
+        raise failure
     if error is not None:
-        raise TrainingFailed(f"training run {params.run_name} ({run_dir}) failed: {error}")
+        raise TrainingFailed(error, retryable=False)
     result = run | {
         "run_dir": str(run_dir),
         "run_name": params.run_name,

@@ -1,9 +1,8 @@
 """Retry policy shared by the I/O tasks (MLflow, Prefect artifacts).
 
-Only I/O is retried, and only for causes a second try can fix: a missing file, a bad
-value or a conflicting param is the input's fault and fails at once, with its message.
-Training is never retried by Prefect (a failed run is resumed from its checkpoint by a
-person who has read why it failed).
+I/O is retried only for causes a second try can fix: a missing file, a bad value or a
+conflicting param is the input's fault and fails at once, with its message. (Training has
+its own retry, which resumes from the checkpoint: ``tasks.train.run_training``.)
 """
 
 from __future__ import annotations

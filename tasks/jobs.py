@@ -23,6 +23,10 @@ from typing import Any, Literal, Protocol
 __all__ = ["InProcessJob", "JobStatus", "RayJob", "SubprocessJob", "TrainingJob", "launch"]
 
 JobStatus = Literal["running", "succeeded", "failed"]
+#: ``thundersync``'s exit code for input it refuses (a bad flag or config).
+INPUT_ERROR_EXIT = 2
+#: What ``train()`` raises for input it refuses (as the CLI's exit code 2).
+INPUT_ERRORS = (FileNotFoundError, FileExistsError, ValueError, KeyError)
 Launcher = Literal["auto", "inprocess", "subprocess", "ray-job"]
 
 
@@ -34,22 +38,30 @@ class TrainingJob(Protocol):
 
     def failure(self) -> str: ...
 
+    def retryable(self) -> bool:
+        """Whether a failed job could succeed when started again (resumed): False for input
+        the trainer refuses. The run's summary.json says it for a failed step."""
+        ...
 
-def _train_argv(config_path: Path, run_dir: Path) -> list[str]:
-    return ["thundersync", "train", "--config", str(config_path), "--out", str(run_dir)]
+
+def _train_argv(config_path: Path, run_dir: Path, resume: bool) -> list[str]:
+    argv = ["thundersync", "train", "--config", str(config_path), "--out", str(run_dir)]
+    return [*argv, "--resume"] if resume else argv
 
 
 class InProcessJob:
     """``train()`` on a daemon thread; its exception, if any, is the failure."""
 
-    def __init__(self, config_path: Path, run_dir: Path) -> None:
+    def __init__(self, config_path: Path, run_dir: Path, *, resume: bool = False) -> None:
         from thundersync_core.config import load_config  # noqa: PLC0415
         from thundersync_core.runtime.placement import start_ray  # noqa: PLC0415
 
         self.run_dir = Path(run_dir)
         self.description = f"in-process train() into {self.run_dir}"
         self._config = load_config(config_path)
+        self._resume = resume
         self._error: str | None = None
+        self._input_error = False
         # Ray is started from the launching thread, not the worker thread.
         start_ray(self._config.resources)
         self._thread = threading.Thread(target=self._run, name=f"train-{run_dir}", daemon=True)
@@ -59,9 +71,10 @@ class InProcessJob:
         from thundersync_core.train import train  # noqa: PLC0415
 
         try:
-            train(self._config, self.run_dir)
+            train(self._config, self.run_dir, resume=self._resume)
         except Exception as exc:  # reported through poll()/failure(), not swallowed
             self._error = f"{type(exc).__name__}: {exc}"
+            self._input_error = isinstance(exc, INPUT_ERRORS)
 
     def poll(self) -> JobStatus:
         if self._thread.is_alive():
@@ -70,6 +83,9 @@ class InProcessJob:
 
     def failure(self) -> str:
         return self._error or ""
+
+    def retryable(self) -> bool:
+        return not self._input_error
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -87,17 +103,22 @@ def _cause(log: str) -> str:
 
 
 class SubprocessJob:
-    """``thundersync train`` as a child process; its output goes to ``<run_dir>.log``."""
+    """``thundersync train`` as a child process in its own session (so it and the local Ray
+    it starts can be stopped together); its output goes to ``<run_dir>.log``, appended to
+    by a resumed attempt."""
 
-    def __init__(self, config_path: Path, run_dir: Path) -> None:
+    def __init__(self, config_path: Path, run_dir: Path, *, resume: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.log_path = self.run_dir.with_name(self.run_dir.name + ".log")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cli = [sys.executable, "-m", "thundersync_core.cli"]
-        argv = cli + _train_argv(config_path, run_dir)[1:]
+        argv = cli + _train_argv(config_path, run_dir, resume)[1:]
         self.description = " ".join(argv)
-        with self.log_path.open("w") as log:
-            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        with self.log_path.open("a" if resume else "w") as log:
+            self._process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.pid = self._process.pid
 
     def poll(self) -> JobStatus:
         code = self._process.poll()
@@ -107,6 +128,10 @@ class SubprocessJob:
 
     def failure(self) -> str:
         return f"exit code {self._process.returncode}: {_cause(_tail(self.log_path))}"
+
+    def retryable(self) -> bool:
+        """False when the trainer refused its input (exit code 2): a retry would too."""
+        return self._process.returncode != INPUT_ERROR_EXIT
 
 
 class RayJob:
@@ -122,6 +147,7 @@ class RayJob:
         address: str,
         submission_id: str,
         client: Any = None,
+        resume: bool = False,
     ) -> None:
         if client is None:
             from ray.job_submission import JobSubmissionClient  # noqa: PLC0415
@@ -129,7 +155,7 @@ class RayJob:
             client = JobSubmissionClient(address)
         self.run_dir = Path(run_dir)
         self._client = client
-        entrypoint = " ".join(_train_argv(config_path, run_dir))
+        entrypoint = " ".join(_train_argv(config_path, run_dir, resume))
         self.job_id = client.submit_job(entrypoint=entrypoint, submission_id=submission_id)
         self.description = f"Ray job {self.job_id} on {address}: {entrypoint}"
 
@@ -145,6 +171,10 @@ class RayJob:
         logs = self._client.get_job_logs(self.job_id)
         return f"Ray job {self.job_id}: {info.message or ''} {_cause(logs)}".strip()
 
+    def retryable(self) -> bool:
+        # The job server reports no exit code; the run's summary.json tells a refused step.
+        return True
+
 
 def launch(
     launcher: Launcher,
@@ -153,8 +183,10 @@ def launch(
     *,
     ray_address: str | None = None,
     submission_id: str = "",
+    resume: bool = False,
 ) -> TrainingJob:
-    """Start the training stage; ``auto`` is ``ray-job`` with an address, else ``inprocess``."""
+    """Start the training stage (``resume``: from the run folder's latest checkpoint);
+    ``auto`` is ``ray-job`` with an address, else ``inprocess``."""
     if launcher == "auto":
         launcher = "ray-job" if ray_address else "inprocess"
     if launcher == "ray-job":
@@ -162,7 +194,9 @@ def launch(
             raise ValueError(
                 "launcher ray-job needs ray_address (the job server, http://HEAD:8265)"
             )
-        return RayJob(config_path, run_dir, address=ray_address, submission_id=submission_id)
+        return RayJob(
+            config_path, run_dir, address=ray_address, submission_id=submission_id, resume=resume
+        )
     if launcher == "subprocess":
-        return SubprocessJob(config_path, run_dir)
-    return InProcessJob(config_path, run_dir)
+        return SubprocessJob(config_path, run_dir, resume=resume)
+    return InProcessJob(config_path, run_dir, resume=resume)

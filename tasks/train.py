@@ -1,12 +1,16 @@
-"""Training-stage tasks: resolve the config, open the MLflow run, launch, log steps, finish.
+"""Training-stage tasks: resolve the config, open the MLflow run, train, log steps, finish.
 
-``launch_training`` is never retried (a second launch would train twice); the logging
-tasks are, and are idempotent (see tasks/tracking.py).
+``run_training`` launches the trainer and logs each step as it lands. Its retry (a
+preempted or killed trainer, a role that kept dying) resumes from the run's latest
+checkpoint, so a run that dies at step 15 of 20 finishes from step 15; a refused step or a
+refused input is not retried (it would fail the same way). The logging tasks are retried
+too, and are idempotent (see tasks/tracking.py).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +22,14 @@ from tasks.common import IO_RETRY, task_logger
 from tasks.jobs import Launcher, TrainingJob, launch
 
 __all__ = [
+    "TrainingFailed",
     "finish_training",
-    "launch_training",
     "log_steps",
     "open_train_run",
     "read_new_records",
     "resolve_train_config",
     "run_totals",
+    "run_training",
     "shared_start",
 ]
 
@@ -92,20 +97,79 @@ def open_train_run(
     return {"run_id": run_id, "experiment_id": experiment_id, "dataset_sha256": sha256}
 
 
-@task(cache_policy=NO_CACHE, retries=0)
-def launch_training(
+class TrainingFailed(RuntimeError):
+    """The training stage stopped; the message is the trainer's own cause. ``retryable``
+    says whether a resumed attempt could finish (see ``run_training``)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def retry_training(_task: Any, _task_run: Any, state: Any) -> bool:
+    """Retry ``run_training`` only for a failure a resumed attempt could get past."""
+    return bool(getattr(state.data, "retryable", False))
+
+
+@task(cache_policy=NO_CACHE, retry_condition_fn=retry_training)
+def run_training(
     launcher: Launcher,
     config_path: Path,
     run_dir: Path,
     *,
+    tracking_uri: str,
+    run_id: str,
+    poll_s: float = 2.0,
     ray_address: str | None = None,
     submission_id: str = "",
-) -> TrainingJob:
+) -> None:
+    """One attempt at the training stage, followed to its end with each step logged as it
+    lands. An attempt on a run folder that holds steps (an earlier attempt's) resumes from
+    its latest checkpoint. Raises ``TrainingFailed`` when the trainer fails."""
+    run_dir = Path(run_dir)
+    resume = (run_dir / "metrics.jsonl").exists()
+    started = time.time()
     job = launch(
-        launcher, config_path, run_dir, ray_address=ray_address, submission_id=submission_id
+        launcher,
+        config_path,
+        run_dir,
+        ray_address=ray_address,
+        submission_id=f"{submission_id}-{time.time_ns()}" if resume else submission_id,
+        resume=resume,
     )
-    task_logger().info("training started: %s", job.description)
-    return job
+    logger = task_logger()
+    logger.info("training %s: %s", "resumed" if resume else "started", job.description)
+    follow(job, tracking_uri, run_id, poll_s)
+    if job.poll() == "failed":
+        raise TrainingFailed(
+            f"training run {run_dir.name} ({run_dir}) failed: {job.failure()}",
+            retryable=job.retryable() and _summary_allows_retry(run_dir, started),
+        )
+
+
+def _summary_allows_retry(run_dir: Path, since: float) -> bool:
+    """False when this attempt's summary.json says the run failed in a way a retry would
+    meet again (a refused step); a trainer killed outright writes none."""
+    path = run_dir / "summary.json"
+    if not path.is_file() or path.stat().st_mtime < since:
+        return True
+    summary = json.loads(path.read_text())
+    return not (summary.get("status") == "failed" and summary.get("retryable") is False)
+
+
+def follow(job: TrainingJob, tracking_uri: str, run_id: str, poll_s: float) -> None:
+    """Log every step of ``job`` as its line lands in metrics.jsonl, until the job ends."""
+    metrics = Path(job.run_dir) / "metrics.jsonl"
+    offset = 0
+    while True:
+        # Status first: a job seen finished has written its last line already.
+        finished = job.poll() != "running"
+        records, offset = read_new_records(metrics, offset)
+        if records:
+            log_steps(tracking_uri, run_id, records)
+        if finished:
+            return
+        time.sleep(poll_s)
 
 
 @task(cache_policy=NO_CACHE)

@@ -481,6 +481,16 @@ def _dev_and_summary(config: TrainConfig) -> tuple[list[str], dict[str, Any]]:
     return dev_ids, summary
 
 
+def _earlier_dev_before(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        earlier = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+    return {"dev_before": earlier["dev_before"]} if "dev_before" in earlier else {}
+
+
 def train(
     config: TrainConfig,
     out: Path,
@@ -517,6 +527,9 @@ def train(
         shutil.rmtree(crew.publish_dir, ignore_errors=True)
         raise
     dev_ids, summary = _dev_and_summary(config)
+    if checkpoint is not None:
+        # A resumed run keeps what the first attempt measured before training.
+        summary |= _earlier_dev_before(out / "summary.json")
     stop = threading.Event()
     previous = _stop_on_sigterm(stop)
     try:

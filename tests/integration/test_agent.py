@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -161,6 +162,25 @@ def test_a_failing_grader_or_setup_stops_naming_it_and_leaves_no_sandbox(
     with pytest.raises(error, match=match):
         run_agent(engine, tokenizer, [EpisodeSpec(task, "g", f"t{i}") for i in range(3)])
     assert sandbox_folders() == before
+
+
+def test_a_command_that_hangs_is_killed_at_its_timeout_and_the_episode_goes_on(tiny_policy_dir):
+    tokenizer = load_tokenizer(tiny_policy_dir)
+    hello = load_terminal_task(TASKS / "write-hello")
+    # A busy loop with a sleeper left behind: the whole tree must die at the timeout.
+    hang = "```bash\nsleep 600 & while :; do :; done\n```"
+    script = {"hang": [hang, "```bash\necho hello > hello.txt\n```", "```bash\nsubmit\n```"]}
+    started = time.monotonic()
+    [traj] = run_agent(
+        ScriptedPolicy(tokenizer, script),
+        tokenizer,
+        [EpisodeSpec(hello, "g", "hang")],
+        command_timeout_s=2,
+    )
+    assert time.monotonic() - started < 60
+    observations = [tokenizer.decode(list(s.ids)) for s in traj.segments if s.kind == "observation"]
+    assert "killed: timeout" in observations[0]
+    assert traj.reward == 1.0  # the episode went on, and the later fix was graded
 
 
 def test_limits_end_trajectories_with_reasons(tiny_policy_dir):

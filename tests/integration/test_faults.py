@@ -160,9 +160,7 @@ def test_a_killed_vllm_engine_core_is_restarted_and_the_run_ends_as_uninterrupte
 ):
     def run(name: str, schedule: str, fault: bool) -> tuple[Path, dict]:
         out = tmp_path / name
-        path = _config(
-            tmp_path, tiny_prep_dir, solver_policy_dir, schedule, rollout__engine="vllm"
-        )
+        path = _config(tmp_path, tiny_prep_dir, solver_policy_dir, schedule, rollout__engine="vllm")
         killer = _when_step_in_flight(out, _kill(out, "engine")) if fault else None
         summary = train(load_config(path), out)
         if killer is not None:

@@ -12,11 +12,14 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from flows.experiment import experiment_flow
@@ -364,3 +367,83 @@ def test_checkpoints_are_evaluated_on_the_trained_families(tmp_path: Path) -> No
     assert ids([], limit=1) == ["count-lines"]
     with pytest.raises(ValueError, match=r"tasks\.families"):
         ids(["no-such-family"])
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_is_retried_and_finishes_from_its_latest_checkpoint(
+    prefect_backend: None,
+    tiny_prep_dir: Path,
+    solver_policy_dir: Path,
+    tmp_path: Path,
+) -> None:
+    from prefect.client.orchestration import get_client  # noqa: PLC0415
+
+    from flows.params import TrainParams  # noqa: PLC0415
+    from flows.train import train_flow  # noqa: PLC0415
+    from tests.helpers import checkpoint_weights, train_config_file  # noqa: PLC0415
+    from thundersync_core.checkpoint import latest_checkpoint  # noqa: PLC0415
+    from thundersync_core.config import load_config  # noqa: PLC0415
+    from thundersync_core.train import train  # noqa: PLC0415
+
+    prep = tmp_path / "prep"  # the fixture pool, with the manifest a prep run writes
+    shutil.copytree(tiny_prep_dir, prep)
+    (prep / "manifest.json").write_text(json.dumps({"sources": ["tests/fixtures/tasks"]}))
+    settings = {"steps": 3, "checkpoint_every": 1, "learner_order": "fixed"}
+    config = train_config_file(tmp_path, prep, solver_policy_dir, **settings)
+    train(load_config(config), tmp_path / "uninterrupted")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    params = TrainParams(
+        train_config=str(config),
+        schedule="thundersync",
+        out=str(tmp_path / "out"),
+        launcher="subprocess",
+        retries=1,
+        retry_delay_s=0,
+        poll_s=0.2,
+        tracking=TrackingParams(tracking_uri=uri, study="retry"),
+    )
+    run_dir = tmp_path / "out" / params.run_name
+    killed: list[int] = []
+
+    def kill_after_the_second_checkpoint() -> None:
+        # As a node lost mid-run: the trainer and the Ray it started, all at once.
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            found = latest_checkpoint(run_dir / "checkpoints")
+            if found is not None and found.name == "step-000002":
+                driver = json.loads((run_dir / "roles.json").read_text())["driver"]
+                os.killpg(driver, signal.SIGKILL)
+                killed.append(driver)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_after_the_second_checkpoint, daemon=True)
+    killer.start()
+    state = train_flow(params, return_state=True)
+    killer.join(timeout=1)
+    assert killed, "the trainer was not killed"
+    assert state.is_completed(), state.message
+    states = _task_states(state.state_details.flow_run_id)
+    with get_client(sync_client=True) as prefect:
+        runs = prefect.read_task_runs()
+    [attempts] = [
+        r
+        for r in runs
+        if r.flow_run_id == state.state_details.flow_run_id and r.name.startswith("run_training")
+    ]
+    assert attempts.run_count == 2, states
+    log = (tmp_path / "out" / f"{params.run_name}.log").read_text()
+    assert "checkpoints/step-000002 (step 2)" in log  # the retry resumed, not restarted
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2]
+    client = tracking.connect(uri)
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("retry").experiment_id], "tags.stage = 'train'"
+    )
+    assert run.info.status == "FINISHED"
+    assert _steps(client, run.info.run_id, "step_wall_s") == [0, 1, 2]
+    whole, resumed = (
+        checkpoint_weights(tmp_path / "uninterrupted", 3),
+        checkpoint_weights(run_dir, 3),
+    )
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)

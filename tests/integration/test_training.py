@@ -253,6 +253,9 @@ def test_dev_is_measured_before_and_after_task_by_task(tmp_path, tiny_prep_dir, 
         assert set(dev["solved"]) == {"count-lines"}
         assert dev["pass_rate"] == pytest.approx(dev["solved"]["count-lines"] / 3)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["dev_left_out"] == 1
+    # A resumed run (here: one already at its last step) keeps the first dev measure.
+    again = train(load_config(config), tmp_path / "run", resume=True)
+    assert again["dev_before"] == summary["dev_before"]
 
 
 def test_non_finite_teacher_scores_stop_the_run_and_keep_checkpoints(
