@@ -2,6 +2,7 @@
 
     thundersync eval passk --results FILE.jsonl --k 1,3,5
     thundersync eval grade-swebench --instance FILE.json --log FILE.txt
+    thundersync eval swebench-harness --predictions FILE.jsonl --dataset PARQUET --run-id ID
     thundersync eval run --model DIR --tasks DIR [--swe PARQUET] --k 3 --out FILE.jsonl
     thundersync eval cadence --run RUN_DIR --k 3 (--prep DIR | --tasks DIR [--swe PARQUET])
     thundersync eval compare --runs RUN_DIR [RUN_DIR ...] --target X --budget H --out DIR
@@ -56,6 +57,22 @@ def add_parser(sub: Any) -> None:
     grade = verbs.add_parser("grade-swebench", help="grade one SWE-bench/SWE-smith test log")
     grade.add_argument("--instance", required=True, type=Path, help="instance record (JSON)")
     grade.add_argument("--log", required=True, type=Path, help="test output log")
+
+    harness = verbs.add_parser(
+        "swebench-harness",
+        help="run swebench's Docker evaluation of predictions in the instances' own images",
+    )
+    harness.add_argument("--predictions", required=True, type=Path, help="predictions JSONL")
+    harness.add_argument(
+        "--dataset", required=True,
+        help="SWE-bench records: a .parquet/.json/.jsonl file, or a Hugging Face name",
+    )  # fmt: skip
+    harness.add_argument("--split", default="test")
+    harness.add_argument("--instance-ids", nargs="*", default=[], help="default: predicted ones")
+    harness.add_argument("--run-id", required=True, help="names the harness's log folder")
+    harness.add_argument("--max-workers", default=1, type=int)
+    harness.add_argument("--timeout", default=1800, type=int, help="seconds per instance")
+    harness.add_argument("--report-dir", default=Path("."), type=Path)
 
     run_p = verbs.add_parser("run", help="evaluate one policy with the bash agent")
     run_p.add_argument("--model", required=True, type=Path, help="Hugging Face policy folder")
@@ -130,6 +147,31 @@ def _run_grade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_harness(args: argparse.Namespace) -> int:
+    import sys  # noqa: PLC0415
+
+    from eval.swebench_eval import DockerUnavailable, run_docker_harness  # noqa: PLC0415
+
+    if not args.predictions.is_file():
+        raise FileNotFoundError(f"--predictions {args.predictions}: no such file")
+    try:
+        report = run_docker_harness(
+            args.predictions,
+            dataset_name=args.dataset,
+            run_id=args.run_id,
+            split=args.split,
+            instance_ids=args.instance_ids,
+            max_workers=args.max_workers,
+            timeout_s=args.timeout,
+            report_dir=args.report_dir,
+        )
+    except DockerUnavailable as exc:
+        print(f"thundersync eval swebench-harness: refused: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"report": str(report)}))
+    return 0
+
+
 def _run_run(args: argparse.Namespace) -> int:
     from eval.io import write_jsonl  # noqa: PLC0415
     from eval.terminal_eval import run_eval, summarize  # noqa: PLC0415
@@ -176,6 +218,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 _HANDLERS = {
     "passk": _run_passk,
     "grade-swebench": _run_grade,
+    "swebench-harness": _run_harness,
     "run": _run_run,
     "cadence": _run_cadence,
     "compare": _run_compare,

@@ -66,10 +66,14 @@ from data_prep.schema import test_list
 __all__ = [
     "DockerUnavailable",
     "InstanceError",
+    "InstanceImagesMissing",
     "LogGrade",
     "docker_unavailable_reason",
     "grade_log",
+    "instance_images",
+    "load_dataset_records",
     "load_instance",
+    "missing_images",
     "parse_exact_lines",
     "parse_pytest_log",
     "prediction",
@@ -105,6 +109,10 @@ class InstanceError(ValueError):
 
 class DockerUnavailable(RuntimeError):
     """No Docker daemon answers, so swebench's harness cannot run here."""
+
+
+class InstanceImagesMissing(DockerUnavailable):
+    """Instance images the harness needs are not on the daemon (and cannot be pulled)."""
 
 
 # -- instances ------------------------------------------------------------------------------
@@ -408,6 +416,60 @@ def docker_unavailable_reason(timeout_s: int = 5) -> str | None:
     return None
 
 
+def load_dataset_records(dataset_name: str, split: str = "test") -> list[dict[str, Any]]:
+    """A SWE-bench dataset's records: a local .parquet/.json/.jsonl file read here, a folder
+    holding ``<split>.parquet``, else swebench's loader (Hugging Face, needs the network)."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    path = Path(dataset_name)
+    if path.is_dir() and (path / f"{split}.parquet").is_file():
+        path = path / f"{split}.parquet"
+    if path.suffix == ".parquet" and path.is_file():
+        return pq.read_table(path).to_pylist()
+    if path.suffix == ".jsonl" and path.is_file():
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if path.suffix == ".json" and path.is_file():
+        return list(json.loads(path.read_text()))
+    from swebench.harness.utils import load_swebench_dataset  # noqa: PLC0415
+
+    return [dict(r) for r in load_swebench_dataset(dataset_name, split)]
+
+
+def instance_images(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """instance id -> the image swebench runs it in (the record's ``image`` field, as
+    swebench's test spec reads it)."""
+    images = {}
+    for record in records:
+        instance_id = str(record.get("instance_id") or "")
+        image = record.get("image")
+        if not instance_id or not isinstance(image, str) or not image:
+            raise InstanceError(
+                f"instance {instance_id or '?'}: field image is missing (the SWE-bench "
+                "dataset names each instance's evaluation image there)"
+            )
+        images[instance_id] = image
+    return images
+
+
+def missing_images(images: Iterable[str], client: Any = None) -> list[str]:
+    """The images of ``images`` that the Docker daemon does not hold, in order."""
+    import docker  # noqa: PLC0415
+
+    own = client is None
+    client = client or docker.from_env(timeout=10)
+    missing = []
+    try:
+        for image in dict.fromkeys(images):
+            try:
+                client.images.get(image)
+            except docker.errors.ImageNotFound:
+                missing.append(image)
+    finally:
+        if own:
+            client.close()
+    return missing
+
+
 def run_docker_harness(
     predictions_path: Path,
     *,
@@ -419,16 +481,42 @@ def run_docker_harness(
     timeout_s: int = 1800,
     report_dir: Path = Path("."),
 ) -> Path:
-    """Run swebench's containerised evaluation; returns its run report's path.
+    """Run swebench's containerised evaluation, in each instance's own image (swebench's
+    image spec, the record's ``image``); returns its run report's path.
 
-    Raises DockerUnavailable (before any work) where no daemon answers: the harness builds
-    and runs one container per instance, and has no other backend here.
+    Refuses before any work: DockerUnavailable where no daemon answers, and
+    InstanceImagesMissing, naming them, where an instance's image is not on the daemon
+    (swebench would try to pull it, and no registry can be reached from these machines).
     """
     reason = docker_unavailable_reason()
     if reason is not None:
         raise DockerUnavailable(
             f"the SWE-bench Docker harness needs a Docker daemon and none answers ({reason}); "
             "grade existing logs with `thundersync eval grade-swebench` instead"
+        )
+    predicted = {
+        str(json.loads(line)["instance_id"])
+        for line in Path(predictions_path).read_text().splitlines()
+        if line.strip()
+    }
+    wanted = set(instance_ids) or predicted
+    records = [
+        r for r in load_dataset_records(dataset_name, split) if r.get("instance_id") in wanted
+    ]
+    unknown = sorted(wanted - {str(r["instance_id"]) for r in records})
+    if unknown:
+        raise InstanceError(f"--dataset {dataset_name}: no instance {', '.join(unknown[:5])}")
+    images = instance_images(records)
+    missing = missing_images(images.values())
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise InstanceImagesMissing(
+            f"{len(missing)} of {len(images)} SWE-bench instance images are not on the Docker "
+            f"daemon: {shown}. They cannot be pulled from here: build them with swebench's "
+            "image builder (or pull them) where a registry is reachable, `docker save` them, "
+            "and `docker load` them on this machine"
         )
     from swebench.harness.run_evaluation import main as harness_main  # noqa: PLC0415
 

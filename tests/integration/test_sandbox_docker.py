@@ -11,10 +11,19 @@ import json
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import docker
 import pytest
 
+from eval.swebench_eval import (
+    InstanceImagesMissing,
+    load_dataset_records,
+    missing_images,
+    prediction,
+    run_docker_harness,
+    write_predictions,
+)
 from tests.integration.test_grading import CHECK, make_task
 from thundersync_core.rollout.grading import grade_terminal
 from thundersync_core.rollout.sandbox import SandboxLimits, SandboxUnavailable
@@ -116,3 +125,61 @@ def test_graded_terminal_task(box, tmp_path):
     assert grade_terminal(box, task).reward == 0.0
     box.exec("echo 'hello world' > /app/hello.txt")
     assert grade_terminal(box, task).reward == 1.0
+
+
+VERIFIED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "swe-bench-verified"
+
+
+def test_swebench_harness_refuses_naming_the_instance_images_the_daemon_lacks(
+    client, tmp_path, monkeypatch
+):
+    records = load_dataset_records(str(VERIFIED / "test.parquet"))
+    chosen = records[:2]
+    preds = write_predictions(
+        tmp_path / "p.jsonl", [prediction(r["instance_id"], "", "m") for r in chosen]
+    )
+    monkeypatch.chdir(tmp_path)  # the harness would write logs/ under the working folder
+    with pytest.raises(InstanceImagesMissing, match="2 of 2 SWE-bench instance images") as err:
+        run_docker_harness(preds, dataset_name=str(VERIFIED), run_id="t")
+    for record in chosen:
+        assert record["image"] in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]  # refused before any work
+    argv = [sys.executable, "-m", "thundersync_core.cli", "eval", "swebench-harness"]
+    argv += ["--predictions", str(preds), "--dataset", str(VERIFIED), "--run-id", "t"]
+    cli = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert cli.returncode == 1, cli.stderr
+    assert "refused: 2 of 2 SWE-bench instance images" in cli.stderr
+    # An image the daemon holds is not named (the sandbox image, tagged as one instance's).
+    client.images.get(DEFAULT_IMAGE).tag(chosen[0]["image"])
+    try:
+        assert missing_images([r["image"] for r in chosen], client) == [chosen[1]["image"]]
+    finally:
+        client.images.remove(chosen[0]["image"])
+
+
+def test_the_next_sandbox_removes_what_a_killed_process_left(client):
+    # A rollout role killed mid-episode cannot close its containers; the next process that
+    # opens a sandbox on this host removes them (and their staging folders).
+    opener = (
+        "import time\n"
+        "from thundersync_core.rollout.sandbox.docker_backend import DockerSandbox\n"
+        "box = DockerSandbox()\n"
+        "print(box._container.name, box._staging, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", opener], stdout=subprocess.PIPE, text=True)
+    try:
+        name, staging = proc.stdout.readline().split()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert client.containers.get(name).status == "running"  # nobody closed it
+    assert Path(staging).is_dir()
+    subprocess.run(
+        [sys.executable, "-c", "from thundersync_core.rollout.sandbox.docker_backend import "
+         "DockerSandbox\nDockerSandbox().close()\n"],
+        check=True, timeout=120,
+    )  # fmt: skip
+    with pytest.raises(docker.errors.NotFound):
+        client.containers.get(name)
+    assert not Path(staging).exists()

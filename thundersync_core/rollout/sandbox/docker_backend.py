@@ -28,8 +28,10 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import os
 import re
 import shutil
+import socket
 import tarfile
 import tempfile
 import threading
@@ -59,6 +61,11 @@ __all__ = ["DEFAULT_IMAGE", "DockerSandbox", "connect_docker"]
 DEFAULT_IMAGE = "thundersync-sandbox:latest"
 # How the default image is made on a machine without a registry (sandbox/image.py).
 BUILD_IMAGE_COMMAND = "thundersync sandbox build-image"
+#: Names the process that opened a sandbox container, as ``host:pid``.
+OWNER_LABEL = "thundersync.owner"
+_STAGING_PREFIX = "thundersync-docker-"
+_swept = threading.Lock()
+_swept_once: list[bool] = []
 # Host-side slack past the in-container timeout before the host kills and stops reading.
 _HOST_GRACE_S = 5.0
 _KILL_GRACE_S = 5.0
@@ -102,6 +109,33 @@ def connect_docker() -> Any:
     return client
 
 
+def remove_abandoned_sandboxes(client: Any) -> list[str]:
+    """Remove the sandbox containers (with their volumes) and staging folders of processes
+    on this host that are gone: a rollout role killed mid-episode cannot close its own.
+    Returns the names of the containers removed."""
+    from thundersync_core.rollout.weights import process_alive  # noqa: PLC0415
+
+    host = socket.gethostname()
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+        owner_host, _, pid = container.labels.get(OWNER_LABEL, "").rpartition(":")
+        if owner_host == host and pid.isdigit() and not process_alive(int(pid)):
+            _close_container(container, None)
+            removed.append(container.name)
+    for staging in Path(tempfile.gettempdir()).glob(f"{_STAGING_PREFIX}*-*"):
+        pid = staging.name.removeprefix(_STAGING_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+    return removed
+
+
+def _sweep_once(client: Any) -> None:
+    with _swept:
+        if not _swept_once:
+            _swept_once.append(True)
+            remove_abandoned_sandboxes(client)
+
+
 def _close_container(container: Any, staging: Path | None) -> None:
     import docker  # noqa: PLC0415
 
@@ -137,7 +171,8 @@ class DockerSandbox(Sandbox):
         self.python = python or "python3"
         self._ro_binds = tuple(ro_binds)
         self._client = client or connect_docker()
-        self._staging = Path(tempfile.mkdtemp(prefix="thundersync-docker-"))
+        _sweep_once(self._client)
+        self._staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}-"))
         self.host_workdir = self._staging / PurePosixPath(workdir).name
         self._container = self._start()
         self._finalizer = weakref.finalize(self, _close_container, self._container, self._staging)
@@ -188,7 +223,10 @@ class DockerSandbox(Sandbox):
                 pids_limit=limits.max_processes,
                 ulimits=ulimits,
                 volumes=volumes,
-                labels={"thundersync.sandbox": "1"},
+                labels={
+                    "thundersync.sandbox": "1",
+                    OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}",
+                },
             )
         except docker.errors.ImageNotFound as exc:
             shutil.rmtree(self._staging, ignore_errors=True)
@@ -431,15 +469,28 @@ class DockerSandbox(Sandbox):
         self._put_tree(TESTS_DIR, Path(src), ".")
         return TESTS_DIR
 
+    def _stop_container(self) -> None:
+        """Kill the container and wait until it has stopped (it may be stopping already:
+        the agent can end its main process)."""
+        import docker  # noqa: PLC0415
+
+        self._container.reload()
+        if self._container.status == "running":
+            try:
+                self._container.kill()
+            except docker.errors.APIError:
+                self._container.reload()
+                if self._container.status == "running":
+                    raise
+        self._container.wait(timeout=60)
+
     def begin_verification(self, *, fresh: bool) -> None:
         self._check_open()
         if fresh:
             self._replace_container()
         else:
             # Killing the container's init ends every process in it; its files stay.
-            self._container.reload()
-            if self._container.status == "running":
-                self._container.kill()
+            self._stop_container()
             self._container.start()
         # Root here lacks CAP_DAC_OVERRIDE: folders the agent made read-only are opened up
         # first, so that it cannot keep its files (or stop the grading) that way.
