@@ -5,9 +5,9 @@ against device-hours at each checkpoint's publication, with the target and the b
 drawn as dashed lines.
 
 ``step_walltime.png``: per schedule, the mean over every step of its runs' metrics.jsonl,
-as a stacked bar of ``rollout_busy_s`` (rollouts generating or executing),
-``learner_tail_s`` (learner work left after the last reward) and the rest of
-``step_wall_s`` (clipped at 0), with ``learner_busy_s`` (all learner work, overlapped or
+as a stacked bar of the step's named parts (``wall_<part>_s``: generation, grading,
+sandbox, optimizer, publication, tail, learner, overhead; see thundersync_core/metrics.py),
+which sum to ``step_wall_s``, with ``learner_busy_s`` (all learner work, overlapped or
 not) marked as a dot: how much of the step the learner hides under rollout is the gap
 between the dot and the tail. A field missing from a run's metrics counts as 0 and the
 plot says which were missing.
@@ -27,6 +27,7 @@ from eval.budget import RunHistory, compare, load_run_history, markdown_table
 from eval.io import read_jsonl
 
 __all__ = [
+    "STEP_PARTS",
     "WALLTIME_FIELDS",
     "plot_predicted_vs_measured",
     "plot_score_vs_device_hours",
@@ -35,7 +36,18 @@ __all__ = [
     "write_comparison",
 ]
 
-WALLTIME_FIELDS = ("rollout_busy_s", "learner_busy_s", "learner_tail_s", "step_wall_s")
+#: The named parts of a step, in stacking order (they sum to ``step_wall_s``).
+STEP_PARTS = (
+    "generation", "grading", "sandbox", "learner", "tail", "optimizer", "publication",
+    "overhead",
+)  # fmt: skip
+WALLTIME_FIELDS = (
+    *(f"wall_{part}_s" for part in STEP_PARTS),
+    "rollout_busy_s",
+    "learner_busy_s",
+    "learner_tail_s",
+    "step_wall_s",
+)
 
 
 def _pyplot() -> Any:
@@ -139,17 +151,13 @@ def walltime_breakdown(
 def plot_walltime_breakdown(breakdown: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
     plt = _pyplot()
     schedules = list(breakdown)
-    rollout = [breakdown[s]["rollout_busy_s"] for s in schedules]
-    tail = [breakdown[s]["learner_tail_s"] for s in schedules]
-    rest = [
-        max(breakdown[s]["step_wall_s"] - r - t, 0.0)
-        for s, r, t in zip(schedules, rollout, tail, strict=True)
-    ]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.bar(schedules, rollout, label="rollout_busy_s")
-    ax.bar(schedules, tail, bottom=rollout, label="learner_tail_s")
-    bottoms = [r + t for r, t in zip(rollout, tail, strict=True)]
-    ax.bar(schedules, rest, bottom=bottoms, label="rest of step_wall_s", color="lightgrey")
+    bottoms = [0.0] * len(schedules)
+    for part in STEP_PARTS:
+        heights = [breakdown[s][f"wall_{part}_s"] for s in schedules]
+        colour = "lightgrey" if part == "overhead" else None
+        ax.bar(schedules, heights, bottom=bottoms, label=part, color=colour)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     learner = [breakdown[s]["learner_busy_s"] for s in schedules]
     ax.scatter(schedules, learner, color="black", zorder=3, label="learner_busy_s")
     ax.set_ylabel("seconds per step (mean)")

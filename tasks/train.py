@@ -178,7 +178,8 @@ def shared_start(config: dict[str, Any], out: Path) -> dict[str, str]:
     folders as overrides, so all schedules start from the same weights. Nothing to do (no
     overrides) when the config names both folders already."""
     from thundersync_core.config import TrainConfig  # noqa: PLC0415
-    from thundersync_core.train import load_pool, prepare_policies  # noqa: PLC0415
+    from thundersync_core.pools import load_pool  # noqa: PLC0415
+    from thundersync_core.warmstart.cache import prepare_policies  # noqa: PLC0415
 
     resolved = TrainConfig.model_validate(config)
     needs_teacher = resolved.objective == "opd" and resolved.policy.teacher_path is None

@@ -63,34 +63,34 @@ class BenchRig:
 def start_rig(config: TrainConfig, out_dir: Path) -> BenchRig:
     import ray  # noqa: PLC0415
 
+    from thundersync_core.pools import load_pool  # noqa: PLC0415
     from thundersync_core.rollout.weights import publication_dir  # noqa: PLC0415
-    from thundersync_core.runtime.learner_worker import LearnerWorker  # noqa: PLC0415
-    from thundersync_core.runtime.placement import remote_role, start_ray  # noqa: PLC0415
-    from thundersync_core.runtime.rollout_worker import RolloutWorker  # noqa: PLC0415
-    from thundersync_core.runtime.teacher_worker import TeacherWorker  # noqa: PLC0415
+    from thundersync_core.runtime.placement import start_ray  # noqa: PLC0415
+    from thundersync_core.runtime.roles import (  # noqa: PLC0415
+        start_learner,
+        start_rollout,
+        start_teacher,
+    )
     from thundersync_core.schedules.base import group_lookup  # noqa: PLC0415
-    from thundersync_core.train import load_pool, prepare_policies  # noqa: PLC0415
+    from thundersync_core.warmstart.cache import prepare_policies  # noqa: PLC0415
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pool = load_pool(config.tasks.prep_dir, "train", config.tasks.families)
     policy_dir, teacher_dir = prepare_policies(config, out_dir, list(pool.values()))
     start_ray(config.resources)
-    res = config.resources
-    rollout = remote_role(RolloutWorker, res.rollout, max_concurrency=2).remote(
-        policy_dir, pool, config.rollout, cores=res.rollout.cores, seed=config.seed
-    )
-    teacher = None
-    if teacher_dir is not None:
-        teacher = remote_role(TeacherWorker, res.teacher).remote(
-            teacher_dir, cores=res.teacher.cores, top_k=config.opd_teacher_top_k
-        )
+    rollout = start_rollout(config, policy_dir, pool)
+    teacher = start_teacher(config, teacher_dir) if teacher_dir is not None else None
     # The two learners share the learner's cores and its share of Ray's CPUs: one of them
     # works at a time.
-    shared = res.learner.model_copy(update={"num_cpus": res.learner.num_cpus / 2})
+    learner = config.resources.learner
+    shared = learner.model_copy(update={"num_cpus": learner.num_cpus / 2})
     publish_dirs = {s: publication_dir(f"bench-{s}") for s in BENCH_SCHEDULES}
     learners = {
-        s: remote_role(LearnerWorker, shared).remote(
-            policy_dir, config.model_copy(update={"schedule": s}), publish_dir=publish_dirs[s]
+        s: start_learner(
+            config.model_copy(update={"schedule": s}),
+            policy_dir,
+            publish_dir=publish_dirs[s],
+            resources=shared,
         )
         for s in BENCH_SCHEDULES
     }
@@ -106,9 +106,9 @@ def bench_steps(
     """Measure ``steps`` (data-cursor positions) under both schedules, alternating."""
     import ray  # noqa: PLC0415
 
+    from thundersync_core.pools import plan_step  # noqa: PLC0415
     from thundersync_core.schedules import DRIVERS, RunContext  # noqa: PLC0415
     from thundersync_core.schedules.base import Roles  # noqa: PLC0415
-    from thundersync_core.train import plan_step  # noqa: PLC0415
 
     outcomes: dict[str, list[StepOutcome]] = {s: [] for s in BENCH_SCHEDULES}
     for n, step in enumerate(steps):
@@ -210,7 +210,7 @@ def _collector(into: list[StepOutcome]) -> Any:
 
 def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) -> dict[str, Any]:
     from thundersync_core.perfmodel import predict_from_trace  # noqa: PLC0415
-    from thundersync_core.train import release_trace  # noqa: PLC0415
+    from thundersync_core.recording import release_trace  # noqa: PLC0415
 
     per: dict[str, dict[str, Any]] = {}
     for schedule, items in outcomes.items():

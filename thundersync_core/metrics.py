@@ -13,6 +13,21 @@ t1 (new weights acknowledged by the rollout engines):
   ledger of tokens forwarded and backpropagated, at 2N FLOPs per token forward and 4N per
   token backward (N parameters; the attention term is left out, small at these lengths);
 - ``staleness_tokens`` = scored tokens by (learner version - version that sampled them).
+
+Every second of a step is named once (``StepTimeline.breakdown``, the ``wall_*_s`` fields,
+which sum to ``step_wall_s``). Each instant goes to the first of these that is under way:
+
+    generation    an engine call for some episode
+    grading       a verifier or test run (grade start to reward)
+    sandbox       a tool command, or a sandbox being set up (task copied in) or removed
+    optimizer     the barrier: normalisation, clipping, the optimizer step
+    publication   the new weights written and loaded into the engine
+    tail          learner work after the last release, before the barrier
+    learner       learner work while no episode is generating, grading or executing
+    overhead      none of these (scheduling, transfers, bookkeeping)
+
+so learner work hidden under rollouts is counted as the rollout's time: what the wall
+would be without it.
 """
 
 from __future__ import annotations
@@ -20,6 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -114,9 +130,32 @@ class StepTimeline:
     rollout: list[Interval] = field(default_factory=list)
     verify: list[Interval] = field(default_factory=list)
     publication: Interval = (0.0, 0.0)
+    #: The step's parts (see the module docstring); ``rollout`` is generation + sandbox.
+    generation: list[Interval] = field(default_factory=list)
+    sandbox: list[Interval] = field(default_factory=list)
+    optimizer: Interval = (0.0, 0.0)
+
+    def breakdown(self) -> dict[str, float]:
+        """``wall_<part>_s`` for each part of the module docstring; they sum to the wall."""
+        last_release = max(self.releases_s, default=self.start_s)
+        pub_start, pub_end = self.publication
+        written = self.learner_done_s if 0 < self.learner_done_s <= pub_start else pub_start
+        layers = [
+            ("generation", self.generation),
+            ("grading", self.verify),
+            ("sandbox", self.sandbox),
+            ("optimizer", [self.optimizer]),
+            ("publication", [(written, pub_end)]),
+            ("tail", [(max(a, last_release), b) for a, b in self.learner]),
+            ("learner", [(a, min(b, last_release)) for a, b in self.learner]),
+        ]
+        return {
+            f"wall_{name}_s": s for name, s in partition(self.start_s, self.end_s, layers).items()
+        }
 
     def summary(self) -> dict[str, float]:
         wall = self.end_s - self.start_s
+        parts = self.breakdown()
         learner_busy = union_seconds(self.learner, self.start_s, self.end_s)
         last_release = max(self.releases_s, default=self.start_s)
         return {
@@ -128,7 +167,56 @@ class StepTimeline:
             "learner_tail_s": max(self.learner_done_s - last_release, 0.0),
             "rollout_stage_s": last_release - self.start_s,
             "publication_s": self.publication[1] - self.publication[0],
+            **parts,
+            "wall_overhead_fraction": parts["wall_overhead_s"] / wall if wall > 0 else 0.0,
         }
+
+
+def partition(
+    start: float, end: float, layers: Sequence[tuple[str, Sequence[Interval]]]
+) -> dict[str, float]:
+    """Seconds of [start, end] per layer name, each instant given to the first layer with an
+    interval over it, and to ``overhead`` when none has; the values sum to end - start."""
+    names = [name for name, _ in layers]
+    out = dict.fromkeys([*names, "overhead"], 0.0)
+    if end <= start:
+        return out
+    clipped = [
+        [(max(a, start), min(b, end)) for a, b in intervals if min(b, end) > max(a, start)]
+        for _, intervals in layers
+    ]
+    cuts = sorted({start, end, *(t for layer in clipped for iv in layer for t in iv)})
+    for a, b in pairwise(cuts):
+        mid = (a + b) / 2
+        owner = next(
+            (name for name, layer in zip(names, clipped, strict=True)
+             if any(lo <= mid < hi for lo, hi in layer)),
+            "overhead",
+        )  # fmt: skip
+        out[owner] += b - a
+    return out
+
+
+def episode_intervals(events: Sequence[Mapping[str, Any]]) -> dict[str, list[Interval]]:
+    """An agent trajectory's event list as intervals: ``generation`` (engine calls),
+    ``sandbox`` (set-up, commands, removal) and ``grading`` (grade start to reward)."""
+    out: dict[str, list[Interval]] = {"generation": [], "sandbox": [], "grading": []}
+    pairs = {
+        "setup_start": ("start", "sandbox"),
+        "generate_start": ("generate_end", "generation"),
+        "exec_start": ("exec_end", "sandbox"),
+        "grade_start": ("reward", "grading"),
+        "reward": ("closed", "sandbox"),
+    }
+    ends = {end: (start, part) for start, (end, part) in pairs.items()}
+    opened: dict[str, float] = {}
+    for event in events:
+        kind, t = str(event["event"]), float(event["time"])
+        if kind in ends and ends[kind][0] in opened:
+            out[ends[kind][1]].append((opened.pop(ends[kind][0]), t))
+        if kind in pairs:
+            opened[kind] = t
+    return out
 
 
 def rollout_intervals(events: Sequence[Mapping[str, Any]]) -> tuple[list[Interval], list[Interval]]:

@@ -114,8 +114,8 @@ def test_agent_paths_with_real_sandbox_and_grader(tiny_policy_dir):
     assert solve.metadata["turn_versions"] == [3, 3]
     assert solve.policy_version == 3
     events = [e["event"] for e in solve.metadata["events"]]
-    assert events[:4] == ["start", "generate_start", "generate_end", "exec_start"]
-    assert events[-1] == "reward"
+    assert events[:5] == ["setup_start", "start", "generate_start", "generate_end", "exec_start"]
+    assert events[-2:] == ["reward", "closed"]
     # A long output is cut to the budget around an elision marker, keeping head and tail.
     noisy_obs = out["noisy"].segments[1]
     assert len(noisy_obs.ids) <= 64 + 30  # budget plus the chat glue

@@ -27,6 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eval.report import STEP_PARTS
 from tests.helpers import checkpoint_weights, max_rel_diff, train_config_file
 from thundersync_core.batch import read_batch
 from thundersync_core.config import load_config
@@ -73,9 +74,43 @@ def test_sync_and_thundersync_agree_on_the_first_step(tmp_path, tiny_prep_dir, s
     assert metrics["sync"]["grad_norm"] == pytest.approx(
         metrics["thundersync"]["grad_norm"], rel=1e-4
     )
+    for record in metrics.values():  # every second of the step is named once
+        parts = [record[f"wall_{part}_s"] for part in STEP_PARTS]
+        assert min(parts) >= 0.0
+        assert sum(parts) == pytest.approx(record["step_wall_s"], rel=1e-9)
+        assert record["wall_generation_s"] > 0
+        assert record["wall_optimizer_s"] > 0
+        assert record["wall_overhead_fraction"] < 0.5
     # In trajectory-id order the streamed sums are the ones sync takes: bitwise one update.
     fixed = checkpoint_weights(runs["thundersync-fixed"], 1)
     assert all(torch.equal(fixed[k], after_sync[k]) for k in start)
+
+
+def test_packed_learners_give_the_per_source_update(tmp_path, tiny_prep_dir, solver_policy_dir):
+    records = {}
+    for name, schedule, pack in (
+        ("per-source", "sync", 0),
+        ("sync-packed", "sync", 4096),
+        ("thundersync-packed", "thundersync", 4096),
+    ):
+        cfg = load_config(
+            train_config_file(tmp_path, tiny_prep_dir, solver_policy_dir),
+            {"schedule": schedule, "learner_pack_tokens": pack},
+        )
+        train(cfg, tmp_path / name)
+        records[name] = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
+    # Sync hands the batch over at once: each group is one pack, with one backward unless
+    # its rewards are all equal (no advantage, no gradient).
+    rewards: dict[str, set[float]] = {}
+    for traj in read_batch(tmp_path / "sync-packed" / "batches" / "step-000000.jsonl"):
+        rewards.setdefault(traj.group_id, set()).add(traj.reward)
+    assert records["sync-packed"]["pack_backwards"] == sum(len(r) > 1 for r in rewards.values())
+    assert records["sync-packed"]["pack_backwards"] >= 1
+    assert records["sync-packed"]["packed_trajectories"] == 8
+    assert records["per-source"]["pack_backwards"] == 0
+    for name in ("sync-packed", "thundersync-packed"):
+        for key in ("loss", "grad_norm", "reward_mean"):
+            assert records[name][key] == pytest.approx(records["per-source"][key], rel=1e-5), key
 
 
 def test_opd_over_the_teachers_top_k_agrees_between_sync_and_thundersync(
@@ -331,3 +366,18 @@ def test_off_policy_schedules_record_bounded_staleness(
         assert set(records[1]["staleness_tokens"]) == {"1"}
         assert set(records[2]["staleness_tokens"]) == {"1"}
         assert records[1]["is_weight_mean"] is not None
+
+
+def test_the_bench_runs_both_schedules_on_the_same_batches(
+    tmp_path, tiny_prep_dir, solver_policy_dir
+):
+    from thundersync_core.bench import run_bench  # noqa: PLC0415
+
+    config = load_config(train_config_file(tmp_path, tiny_prep_dir, solver_policy_dir))
+    report = run_bench(config, tmp_path / "bench", steps=2)
+    assert report["steps"] == 2
+    assert set(report["schedules"]) == {"sync", "thundersync"}
+    assert all(r > 0 for r in report["step_time_ratio"])
+    assert json.loads((tmp_path / "bench" / "bench.json").read_text()) == report
+    # The bench's learners and their weight files are gone once it ends.
+    assert not list(publication_root().glob(f"thundersync-publish-*-{os.getpid()}-bench-*"))

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from thundersync_core.config import load_config
-from thundersync_core.train import load_pool, prepare_policies, warm_start_key
+from thundersync_core.pools import load_pool
+from thundersync_core.warmstart.cache import prepare_policies, warm_start_key
 
 pytestmark = pytest.mark.integration
 

@@ -95,7 +95,9 @@ def test_walltime_breakdown_counts_missing_fields_as_zero():
     assert out["step_wall_s"] == 11.0
     assert out["rollout_busy_s"] == 7.0
     assert out["learner_tail_s"] == 0.0
-    assert out["missing_fields"] == ["learner_busy_s", "learner_tail_s"]
+    assert out["missing_fields"] == sorted(
+        f for f in WALLTIME_FIELDS if f not in ("step_wall_s", "rollout_busy_s")
+    )
 
 
 # -- the CLI on synthetic run folders -------------------------------------------------------
@@ -124,15 +126,20 @@ def assert_png(path: Path) -> None:
     assert len(data) > 5000
 
 
+PARTS = {"wall_generation_s": 6.0, "wall_sandbox_s": 3.0, "wall_grading_s": 1.0} | {
+    f"wall_{part}_s": 0.0 for part in ("learner", "tail", "optimizer", "publication", "overhead")
+}
+
+
 def test_compare_cli_prints_table_and_json_and_writes_plots(tmp_path, capsys):
     sync = write_run(
         tmp_path, "sync-0", "sync", SYNC,
         {"step_wall_s": 20.0, "rollout_busy_s": 10.0, "learner_busy_s": 10.0,
-         "learner_tail_s": 10.0},
+         "learner_tail_s": 10.0, **PARTS, "wall_tail_s": 10.0},
     )  # fmt: skip
     stream = write_run(
         tmp_path, "stream-0", "thundersync", STREAM,
-        {"step_wall_s": 11.0, "rollout_busy_s": 10.0, "learner_busy_s": 10.0},
+        {"step_wall_s": 11.0, "rollout_busy_s": 10.0, "learner_busy_s": 10.0, **PARTS},
     )  # fmt: skip
     out_dir = tmp_path / "cmp"
     argv = ["eval", "compare", "--runs", str(sync), str(stream), "--target", "0.5"]

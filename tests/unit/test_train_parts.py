@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 from thundersync_core.config import load_config
-from thundersync_core.metrics import FlopLedger, StepTimeline, staleness_tokens, union_seconds
-from thundersync_core.train import plan_step
+from thundersync_core.metrics import (
+    FlopLedger,
+    StepTimeline,
+    episode_intervals,
+    staleness_tokens,
+    union_seconds,
+)
+from thundersync_core.pools import plan_step
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -73,6 +79,46 @@ def test_union_of_intervals_and_step_summary() -> None:
     assert summary["rollout_stage_s"] == 7.5
 
 
+def test_every_second_of_a_step_is_named_once() -> None:
+    # Two episodes overlap; the learner works under them (hidden) and after the last reward.
+    events = [
+        [("setup_start", 0.0), ("start", 0.5), ("generate_start", 0.5), ("generate_end", 2.0),
+         ("exec_start", 2.0), ("exec_end", 3.0), ("grade_start", 3.0), ("reward", 4.0),
+         ("closed", 4.2)],
+        [("setup_start", 0.0), ("start", 0.4), ("generate_start", 1.0), ("generate_end", 2.5),
+         ("exec_start", 2.5), ("exec_end", 5.0), ("grade_start", 5.5), ("reward", 6.0),
+         ("closed", 6.1)],
+    ]  # fmt: skip
+    line = StepTimeline(step=0, start_s=0.0, end_s=10.0, learner_done_s=8.5)
+    for episode in events:
+        parts = episode_intervals([{"event": e, "time": t} for e, t in episode])
+        line.generation += parts["generation"]
+        line.sandbox += parts["sandbox"]
+        line.verify += parts["grading"]
+    line.releases_s = [4.0, 6.0]
+    line.learner = [(4.0, 5.0), (6.2, 7.5), (8.0, 8.5)]
+    line.optimizer = (8.0, 8.5)
+    line.publication = (9.0, 9.6)
+    parts = line.breakdown()
+    # Where parts overlap the first named wins: generation, grading, sandbox, optimizer,
+    # publication, tail, learner.
+    expected = {
+        "generation": 2.5 - 0.5,  # either episode generating
+        "grading": (4.0 - 3.0) + (6.0 - 5.5),  # over episode 2's command at 3.0-4.0
+        "sandbox": 0.5 + (3.0 - 2.5) + (5.0 - 4.0) + 0.1,  # set-up, commands, removal
+        "learner": 0.0,  # 4.0-5.0 runs under episode 2's command: the rollout's time
+        "tail": 7.5 - 6.2,  # learner work after the last reward
+        "optimizer": 0.5,
+        "publication": (9.0 - 8.5) + (9.6 - 9.0),  # weights written, then loaded
+        "overhead": (5.5 - 5.0) + (6.2 - 6.1) + (8.0 - 7.5) + (10.0 - 9.6),
+    }
+    for part, seconds in expected.items():
+        assert parts[f"wall_{part}_s"] == pytest.approx(seconds), part
+    assert sum(parts.values()) == pytest.approx(10.0)
+    summary = line.summary()
+    assert summary["wall_overhead_fraction"] == pytest.approx(parts["wall_overhead_s"] / 10.0)
+
+
 def test_flop_ledger_and_staleness_histogram() -> None:
     ledger = FlopLedger(n_params=1000)
     ledger.add(forward=10, backward=10)
@@ -83,8 +129,8 @@ def test_flop_ledger_and_staleness_histogram() -> None:
 def test_release_trace_keeps_one_queue_per_learner_rank() -> None:
     """A learner group's step lists each rank's sources; the trace must not merge them."""
     from thundersync_core.perfmodel.trace import predict_from_trace  # noqa: PLC0415
+    from thundersync_core.recording import release_trace  # noqa: PLC0415
     from thundersync_core.schedules.base import StepOutcome  # noqa: PLC0415
-    from thundersync_core.train import release_trace  # noqa: PLC0415
 
     def source(i: int, release: float) -> dict:
         return {"id": f"g{i}/0", "release_s": 100.0 + release, "service_s": 2.0}
@@ -115,7 +161,7 @@ def test_dev_tasks_take_families_in_turn_and_leave_out_what_the_policy_saw(tmp_p
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from thundersync_core.train import dev_tasks  # noqa: PLC0415
+    from thundersync_core.pools import dev_tasks  # noqa: PLC0415
 
     def table(rows: list[tuple[str, str, str]], path: Path) -> Path:
         names = ("task_id", "family", "instruction")

@@ -251,6 +251,7 @@ class Agent:
         return chat_prompt_ids(self.tokenizer, self.config.system_prompt, instruction)
 
     def _start(self, spec: EpisodeSpec) -> _Live:
+        setup_start = time.time()
         sandbox = self.sandbox_factory()
         try:
             spec.task.setup(sandbox)
@@ -258,6 +259,7 @@ class Agent:
             sandbox.close()
             raise
         episode = _Live(spec, sandbox, self.prompt_ids(spec.task.instruction))
+        episode.events.append({"event": "setup_start", "time": setup_start})
         episode.mark("start")
         return episode
 
@@ -368,9 +370,11 @@ class Agent:
 
     def _finish_and_close(self, episode: _Live) -> Trajectory:
         try:
-            return self._finish(episode)
+            trajectory = self._finish(episode)
         finally:
             episode.sandbox.close()
+        episode.mark("closed")  # into the event list the trajectory's metadata holds
+        return trajectory
 
     def _finish(self, episode: _Live) -> Trajectory:
         episode.mark("grade_start")

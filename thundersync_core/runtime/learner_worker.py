@@ -136,6 +136,34 @@ class LearnerWorker:
         self.ledger.add(forward=tokens, backward=tokens)
         self._count_versions(traj)
 
+    def submit_many(self, sources: list[tuple[Trajectory, float | None]]) -> None:
+        """Trajectories that landed while the learner was busy, with their release times:
+        run as packs (``learner_pack_tokens``) by the per-source GRPO learner."""
+        if not sources:
+            return
+        t0 = time.time()
+        trajs = [traj for traj, _ in sources]
+        pack_tokens = self.config.learner_pack_tokens
+        self._guarded(
+            lambda batch: self.learner.submit_many(batch, pack_tokens=pack_tokens),  # type: ignore[attr-defined]
+            trajs,
+        )
+        t1 = time.time()
+        self.intervals.append((t0, t1))
+        for traj, release_s in sources:
+            if release_s is not None:
+                self.releases.append(release_s)
+                # A pack's time is shared evenly among its members.
+                share = (t1 - t0) / len(sources)
+                self.services.append(
+                    {"id": traj.trajectory_id, "release_s": release_s, "service_s": share}
+                )
+            prompt = len(traj.prompt_ids) if traj.group_id not in self._groups_seen else 0
+            self._groups_seen.add(traj.group_id)
+            tokens = len(traj.response_ids) + prompt
+            self.ledger.add(forward=tokens, backward=tokens)
+            self._count_versions(traj)
+
     def submit_turn(self, scored: tuple[Turn, float]) -> None:
         """One teacher-scored OPD turn (thundersync and pipeline)."""
         turn, release_s = scored

@@ -7,6 +7,8 @@ training loop (train.py) turns each ``StepOutcome`` into a metrics record and ch
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +16,7 @@ from typing import Any
 
 from thundersync_core.batch import Trajectory
 from thundersync_core.config import TrainConfig
-from thundersync_core.metrics import StepTimeline, rollout_intervals
+from thundersync_core.metrics import StepTimeline, episode_intervals, rollout_intervals
 from thundersync_core.rollout.agent import TurnReady
 from thundersync_core.runtime.rollout_worker import RolloutSpec
 
@@ -106,6 +108,49 @@ def submit_whole(ctx: RunContext, traj: Trajectory) -> None:
         ctx.roles.learner.submit.remote(traj, reward_time(traj))
 
 
+class LearnerMailbox:
+    """Trajectories for a learner that runs packs (``learner_pack_tokens``): each time it
+    finishes one, everything that landed meanwhile goes over as the next. Work-conserving:
+    a trajectory waits only while the learner is working. ``drain`` returns once the learner
+    holds every trajectory put (call it before the step)."""
+
+    def __init__(self, learner: Any) -> None:
+        self._learner = learner
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Trajectory, float]] = []
+        self._busy = False
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def put(self, traj: Trajectory, release_s: float) -> None:
+        with self._lock:
+            self._pending.append((traj, release_s))
+            if self._busy:
+                return
+            self._busy = True
+            self._idle.clear()
+            batch, self._pending = self._pending, []
+        threading.Thread(target=self._deliver, args=(batch,), daemon=True).start()
+
+    def _deliver(self, batch: list[tuple[Trajectory, float]]) -> None:
+        import ray  # noqa: PLC0415
+
+        while True:
+            # A refusal is kept by the learner for its step, and a dead learner fails the
+            # step too: either surfaces there, with its cause.
+            with contextlib.suppress(Exception):
+                ray.get(self._learner.submit_many.remote(batch))
+            with self._lock:
+                if not self._pending:
+                    self._busy = False
+                    self._idle.set()
+                    return
+                batch, self._pending = self._pending, []
+
+    def drain(self) -> None:
+        self._idle.wait()
+
+
 def submit_turn(ctx: RunContext, ready: TurnReady) -> Any:
     """Score an OPD turn on the teacher; the learner takes it once the scores land."""
     assert ctx.roles.teacher is not None, "OPD runs have a teacher role"
@@ -138,8 +183,12 @@ def timeline(
     line.learner_done_s = float(learner["learner_done_s"])
     line.learner = [(float(a), float(b)) for a, b in learner["intervals"]]
     line.releases_s = [max(float(r), start_s) for r in learner["releases"]]
+    line.optimizer = (line.learner_done_s - float(learner["barrier_s"]), line.learner_done_s)
     for traj in trajectories:
-        gen, verify = rollout_intervals((traj.metadata or {}).get("events") or [])
+        parts = episode_intervals((traj.metadata or {}).get("events") or [])
+        line.generation.extend(parts["generation"])
+        line.sandbox.extend(parts["sandbox"])
+        line.verify.extend(parts["grading"])
+        gen, _verify = rollout_intervals((traj.metadata or {}).get("events") or [])
         line.rollout.extend(gen)
-        line.verify.extend(verify)
     return line

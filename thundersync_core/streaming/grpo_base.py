@@ -37,12 +37,15 @@ class GRPOLearnerBase(LearnerBase):
 
     def submit(self, traj: Trajectory) -> None:
         """One trajectory whose reward has landed."""
+        self._check_reward(traj)
+        self._accept_whole(traj)
+        self._on_submit(traj)
+
+    def _check_reward(self, traj: Trajectory) -> None:
         if not math.isfinite(traj.reward):
             raise LearnerRefusal(
                 f"trajectory {traj.trajectory_id!r}: reward {traj.reward} is not finite"
             )
-        self._accept_whole(traj)
-        self._on_submit(traj)
 
     def _on_submit(self, traj: Trajectory) -> None:
         raise NotImplementedError

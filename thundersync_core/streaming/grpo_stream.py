@@ -20,11 +20,22 @@ groups (at the barrier): the update is then bitwise the one this learner compute
 batch in sorted order, which is what the sync schedule hands it, whatever the arrival order.
 It costs memory: an open group holds one gradient per arrived trajectory instead of two
 statistics, and a closed group holds its contribution until the barrier.
+
+``submit_many`` takes several landed trajectories at once (what queued while the learner
+was busy) and runs those of one group as packs: one right-padded forward over the group's
+prompt cache, bounded by ``pack_tokens`` padded tokens, then one backward per statistic it
+feeds. A pack that closes its group knows every advantage A_i = a (r_i - shift) + b, so a
+single backward of sum_i A_i S_i over the pack joins a x1 + b x2 of the trajectories
+before it; a pack that leaves the group open takes two, of sum_i S_i (into x2) and of
+sum_i (r_i - shift) S_i (into x1). The sufficient statistics, hence the update, are the
+per-trajectory path's (up to float rounding: a padded row is summed in another order).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -94,6 +105,7 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         self._held: deque[Trajectory] = deque()
         self._stats = {"groups_closed": 0, "prefix_replays": 0, "sources_held": 0}
         self._stats |= {"peak_open_groups": 0, "trajectory_backwards": 0}
+        self._stats |= {"pack_backwards": 0, "packed_trajectories": 0}
 
     def _on_submit(self, traj: Trajectory) -> None:
         if traj.group_id in self._open or len(self._open) < self.max_open_groups:
@@ -142,6 +154,121 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             self._accumulate(group, grads, traj.reward - group.shift)
         if group.complete:
             self._close(traj.group_id)
+
+    # -- packs -----------------------------------------------------------------------------
+    def submit_many(self, trajs: Sequence[Trajectory], *, pack_tokens: int = 0) -> None:
+        """Several landed trajectories; those of one group run as packs of at most
+        ``pack_tokens`` padded tokens (0: one trajectory at a time, as ``submit``)."""
+        if pack_tokens <= 0 or self.order == "fixed":
+            for traj in trajs:
+                self.submit(traj)
+            return
+        by_group: dict[str, list[Trajectory]] = {}
+        for traj in trajs:
+            self._check_reward(traj)
+            self._accept_whole(traj)
+            by_group.setdefault(traj.group_id, []).append(traj)
+        for group_id, members in by_group.items():
+            if group_id in self._open or len(self._open) < self.max_open_groups:
+                for pack in _packs(members, pack_tokens):
+                    self._process_pack(pack)
+                self._admit_held()
+            else:
+                self._held.extend(members)
+                self._stats["sources_held"] += len(members)
+
+    def _process_pack(self, pack: list[Trajectory]) -> None:
+        if len(pack) == 1:
+            self._process(pack[0])
+            return
+        group_id = pack[0].group_id
+        group = self._open.get(group_id) or self._open_group(group_id)
+        if group.shift is None:
+            group.shift = pack[0].reward
+        rewards = group.rewards + [t.reward for t in pack]
+        closes = len(rewards) == group.spec.size
+        if closes:
+            coeff_x1, coeff_x2 = close_coefficients(rewards, group.shift)
+            weights = [[coeff_x1 * (t.reward - group.shift) + coeff_x2 for t in pack]]
+        else:
+            weights = [[1.0] * len(pack), [t.reward - group.shift for t in pack]]
+        scores, grads = self._pack_scores_and_grads(pack, group.prefix, weights)
+        group.rewards, group.scores = rewards, group.scores + scores
+        if closes:
+            self._close(group_id, direct=grads[0])
+        elif grads[0] is not None or grads[1] is not None:
+            self._accumulate_sums(group, grads[0], grads[1])
+
+    def _pack_scores_and_grads(
+        self,
+        pack: list[Trajectory],
+        prefix: SharedPrefix | None,
+        weights: list[list[float]],
+    ) -> tuple[list[float], list[list[torch.Tensor | None] | None]]:
+        """Each row's S_i from one padded forward, and for each weight vector w the
+        gradient of sum_i w_i S_i (None where nothing is scored or every w_i is 0)."""
+        rows = [[t.prompt_ids[-1], *t.response_ids] for t in pack]
+        width = max(map(len, rows))
+        ids_BT = torch.zeros((len(pack), width), dtype=torch.long, device=self.device)
+        scored_BT = torch.zeros((len(pack), width), dtype=torch.bool, device=self.device)
+        for i, (row, traj) in enumerate(zip(rows, pack, strict=True)):
+            ids_BT[i, : len(row)] = torch.tensor(row, device=self.device)
+            scored_BT[i, 1 : len(row)] = torch.tensor(traj.response_scored, device=self.device)
+        if not bool(scored_BT.any()):
+            return [0.0] * len(pack), [None] * len(weights)
+        cache = prefix.cache_for_rows(len(pack)) if prefix is not None else None
+        logprobs_N, row_N = scored_logprobs(self.model, ids_BT, scored_BT, past_key_values=cache)
+        terms_N = logprobs_N
+        if self.is_clip is not None:
+            weights_N = torch.cat(
+                [
+                    iw
+                    for i, traj in enumerate(pack)
+                    if (iw := self._importance_weights(
+                        f"trajectory {traj.trajectory_id!r}", logprobs_N[row_N == i],
+                        traj.behaviour_logprobs,
+                    )) is not None
+                ]
+            )  # fmt: skip
+            terms_N = weights_N * logprobs_N
+        score_B = torch.zeros(len(pack), dtype=terms_N.dtype, device=self.device)
+        score_B = score_B.index_add(0, row_N, terms_N)
+        for traj, score in zip(pack, score_B.tolist(), strict=True):
+            if not math.isfinite(score):
+                raise LearnerRefusal(
+                    f"trajectory {traj.trajectory_id!r}: its log-prob score is {score} "
+                    "(non-finite loss)"
+                )
+        inputs = self.params + (prefix.proxies if prefix is not None else [])
+        # A weight vector of zeros has a zero gradient: None, and no backward.
+        wanted = [k for k, w in enumerate(weights) if any(x != 0.0 for x in w)]
+        grads: list[list[torch.Tensor | None] | None] = [None] * len(weights)
+        for k in wanted:
+            w_B = torch.tensor(weights[k], dtype=score_B.dtype, device=self.device)
+            grads[k] = list(
+                torch.autograd.grad(
+                    (w_B * score_B).sum(), inputs, retain_graph=k != wanted[-1], allow_unused=True
+                )
+            )
+        self._stats["pack_backwards"] += len(wanted)
+        self._stats["packed_trajectories"] += len(pack)
+        return [float(x) for x in score_B.detach().tolist()], grads
+
+    def _accumulate_sums(
+        self,
+        group: _OpenGroup,
+        sum_grads: list[torch.Tensor | None] | None,
+        centred_sum_grads: list[torch.Tensor | None] | None,
+    ) -> None:
+        """x2 += sum_i grad S_i, x1 += sum_i (r_i - shift) grad S_i (a pack's)."""
+        if group.x1 is None or group.x2 is None:
+            inputs = self.params + (group.prefix.proxies if group.prefix is not None else [])
+            group.x1 = [torch.zeros_like(t, dtype=self.accum_dtype) for t in inputs]
+            group.x2 = [torch.zeros_like(t, dtype=self.accum_dtype) for t in inputs]
+        for stat, grads in ((group.x2, sum_grads), (group.x1, centred_sum_grads)):
+            for acc, g in zip(stat, grads or [None] * len(stat), strict=True):
+                if g is not None:
+                    acc.add_(g.to(self.accum_dtype))
 
     def _sum_in_order(self, group: _OpenGroup) -> None:
         """The arrival path's sums, taken in trajectory-id order."""
@@ -193,20 +320,21 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             x2.add_(g_acc)
             x1.add_(g_acc, alpha=centred_reward)
 
-    def _close(self, group_id: str) -> None:
+    def _close(self, group_id: str, direct: list[torch.Tensor | None] | None = None) -> None:
+        """Close a group: a x1 + b x2, plus ``direct`` (a closing pack's sum_i A_i grad S_i),
+        into the batch gradient, its prompt part replayed once."""
         group = self._open.pop(group_id)
         advantages_I = advantages(group.rewards)
         objective = sum(a * s for a, s in zip(advantages_I, group.scores, strict=True))
         coeff_x1, coeff_x2 = close_coefficients(group.rewards, group.shift or 0.0)
         self._stats["groups_closed"] += 1
         parts: list[list[torch.Tensor | None]] = []
-        if group.x1 is None or group.x2 is None or (coeff_x1 == 0.0 and coeff_x2 == 0.0):
+        uniform = coeff_x1 == 0.0 and coeff_x2 == 0.0
+        if (group.x1 is None and direct is None) or uniform:
             if group.prefix is not None:
                 group.prefix.release()
         else:
-            combined = [
-                coeff_x1 * x1 + coeff_x2 * x2 for x1, x2 in zip(group.x1, group.x2, strict=True)
-            ]
+            combined = _combine(group, coeff_x1, coeff_x2, direct, self.accum_dtype)
             n_params = len(self.params)
             parts.append(list(combined[:n_params]))
             if group.prefix is not None:
@@ -252,3 +380,43 @@ class StreamingGRPOLearner(GRPOLearnerBase):
 
 
 __all__ = ["LearnerRefusal", "StreamingGRPOLearner"]
+
+
+def _combine(
+    group: _OpenGroup,
+    coeff_x1: float,
+    coeff_x2: float,
+    direct: list[torch.Tensor | None] | None,
+    dtype: torch.dtype,
+) -> list[torch.Tensor]:
+    """a x1 + b x2 (+ a closing pack's direct gradient), per input."""
+    if group.x1 is not None and group.x2 is not None:
+        combined = [
+            coeff_x1 * x1 + coeff_x2 * x2 for x1, x2 in zip(group.x1, group.x2, strict=True)
+        ]
+    else:
+        assert direct is not None
+        combined = [torch.zeros_like(g, dtype=dtype) if g is not None else None for g in direct]  # type: ignore[misc]
+    if direct is not None:
+        for acc, g in zip(combined, direct, strict=True):
+            if g is not None:
+                acc.add_(g.to(dtype))
+    return combined
+
+
+def _packs(trajs: list[Trajectory], pack_tokens: int) -> list[list[Trajectory]]:
+    """Consecutive runs of ``trajs`` whose padded size (rows x longest row) fits the bound;
+    a trajectory longer than the bound is a pack of its own."""
+    packs: list[list[Trajectory]] = []
+    current: list[Trajectory] = []
+    width = 0
+    for traj in trajs:
+        row = 1 + len(traj.response_ids)
+        if current and (len(current) + 1) * max(width, row) > pack_tokens:
+            packs.append(current)
+            current, width = [], 0
+        current.append(traj)
+        width = max(width, row)
+    if current:
+        packs.append(current)
+    return packs

@@ -35,6 +35,11 @@ class SharedPrefix:
         """A fresh cache over the proxies; later tokens append to it, never to the proxies."""
         return cache_from_flat(self.proxies)
 
+    def cache_for_rows(self, rows: int) -> DynamicCache:
+        """A fresh cache over the proxies for a batch of ``rows`` continuations (a pack); the
+        gradient of every row lands on the one proxy."""
+        return cache_from_flat([p.expand(rows, *p.shape[1:]) for p in self.proxies])
+
     def replay(
         self, adjoints: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor | None, ...]:

@@ -1,0 +1,110 @@
+"""The packed streaming GRPO path equals the plain reference and the per-trajectory path.
+
+Packs are what queued while the learner was busy: ``submit_many`` gets arrival-ordered
+chunks of random sizes (1 to the whole batch) and runs each group's members as right-padded
+packs bounded by ``pack_tokens``. Several arrival orders, chunkings and bounds (a bound
+below one row forces single rows; a large one whole groups) are checked against the
+independent reference (full-sequence forwards, one backward of the summed loss): float64
+1e-10, float32 1e-5. A pack that closes its group takes one backward, one that leaves it
+open two: the counters show which ran.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tests.helpers import random_batch, reference_grad_j, rel_diff
+from tests.unit.test_offpolicy import CLIP, _reference_grpo, _with_behaviour
+from thundersync_core.streaming import StreamingGRPOLearner, groups_of
+
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def run_packed(learner, batch, *, seed: int, pack_tokens: int):
+    """Submit ``batch`` in a seeded arrival order, in chunks of seeded random sizes."""
+    rng = random.Random(seed)
+    order = rng.sample(batch, len(batch))
+    learner.begin_batch(groups_of(batch))
+    while order:
+        size = rng.randint(1, len(order))
+        chunk, order = order[:size], order[size:]
+        learner.submit_many(chunk, pack_tokens=pack_tokens)
+    return learner.finish()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return random_batch(seed=23, vocab=1024, n_groups=3, group_size=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("loss_agg", ["seq-sum", "token-mean"])
+@pytest.mark.parametrize("pack_tokens", [16, 64, 10_000])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_packs_match_the_reference(micro64, micro32, batch, dtype, loss_agg, pack_tokens, seed):
+    model = micro64 if dtype == torch.float64 else micro32
+    ref_objective, ref_grads = reference_grad_j(model, batch, loss_agg)
+    learner = StreamingGRPOLearner(model, loss_agg=loss_agg, max_open_groups=3)
+    result = run_packed(learner, batch, seed=seed, pack_tokens=pack_tokens)
+    assert rel_diff(ref_grads, result.grad_objective) <= TOLERANCE[dtype]
+    assert result.objective == pytest.approx(ref_objective, rel=TOLERANCE[dtype], abs=1e-12)
+    assert result.counters["groups_closed"] == 3
+    assert result.counters["prefix_replays"] == 3
+
+
+def test_whole_groups_take_one_backward_each(micro64, batch):
+    # Everything at once (as sync hands it over): each group is one closing pack.
+    learner = StreamingGRPOLearner(micro64, max_open_groups=3)
+    learner.begin_batch(groups_of(batch))
+    learner.submit_many(batch, pack_tokens=10_000)
+    result = learner.finish()
+    assert result.counters["packed_trajectories"] == len(batch)
+    assert result.counters["pack_backwards"] == 3
+    assert result.counters["trajectory_backwards"] == 0
+    _, ref_grads = reference_grad_j(micro64, batch)
+    assert rel_diff(ref_grads, result.grad_objective) <= 1e-10
+
+
+def test_an_open_group_pack_feeds_both_statistics(micro64, batch):
+    members = [t for t in batch if t.group_id == batch[0].group_id]
+    learner = StreamingGRPOLearner(micro64, max_open_groups=3)
+    learner.begin_batch(groups_of(batch))
+    learner.submit_many(members[:3], pack_tokens=10_000)  # the group stays open
+    assert learner.counters_so_far()["pack_backwards"] == 2
+    learner.submit_many(members[3:] + [t for t in batch if t not in members], pack_tokens=10_000)
+    _, ref_grads = reference_grad_j(micro64, batch)
+    assert rel_diff(ref_grads, learner.finish().grad_objective) <= 1e-10
+
+
+def test_the_admission_cap_holds_packs_of_further_groups(micro64, batch):
+    learner = StreamingGRPOLearner(micro64, max_open_groups=1)
+    result = run_packed(learner, batch, seed=5, pack_tokens=10_000)
+    assert result.counters["peak_open_groups"] == 1
+    assert result.counters["sources_held"] > 0
+    _, ref_grads = reference_grad_j(micro64, batch)
+    assert rel_diff(ref_grads, result.grad_objective) <= 1e-10
+
+
+def test_packed_importance_weights_match_the_plain_reference(micro64):
+    batch = _with_behaviour(micro64, random_batch(5, micro64.config.vocab_size), seed=1)
+    batch = [t.__class__(**{**t.__dict__, "policy_version": 3 if i % 2 else 4})
+             for i, t in enumerate(batch)]  # fmt: skip
+    expected = _reference_grpo(micro64, batch)
+    learner = StreamingGRPOLearner(micro64, policy_version=4, max_lag=1, is_clip=CLIP)
+    result = run_packed(learner, batch, seed=3, pack_tokens=10_000)
+    assert result.counters["pack_backwards"] > 0
+    assert rel_diff(expected, result.grad_objective) < 1e-10
+    assert 0 < learner.is_stats["clipped"] < learner.is_stats["tokens"]
+    micro64.zero_grad(set_to_none=True)
+
+
+def test_a_non_finite_pack_score_is_refused_naming_the_trajectory(micro64, batch):
+    members = [t for t in batch if t.group_id == batch[0].group_id]
+    learner = StreamingGRPOLearner(micro64, max_open_groups=3)
+    learner.begin_batch(groups_of(batch))
+    broken = members[1].__class__(**{**members[1].__dict__, "reward": float("nan")})
+    with pytest.raises(Exception, match=members[1].trajectory_id):
+        learner.submit_many([members[0], broken], pack_tokens=10_000)

@@ -1,0 +1,150 @@
+"""The roles of a run as Ray actors: the one builder training and the bench use, and how
+a role fault is told from any other error.
+
+Each builder gives the actor the resources (and cores) the config names for its role. A
+role fault is a role's process that died (SIGKILL, out of memory, a lost node) or the
+engine inside the rollout role that died; training restarts the roles from the latest
+checkpoint after one (``train.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from thundersync_core.config import LearnerResources, RoleResources, TrainConfig
+
+__all__ = [
+    "first_line",
+    "named_roles",
+    "role_fault",
+    "start_learner",
+    "start_roles",
+    "start_rollout",
+    "start_teacher",
+]
+
+
+def start_rollout(
+    config: TrainConfig, engine_dir: Path, pool: dict[str, Path], *, policy_version: int = 0
+) -> Any:
+    """The rollout worker (engine, agent, sandboxes, graders) serving ``engine_dir``."""
+    from thundersync_core.runtime.placement import remote_role  # noqa: PLC0415
+    from thundersync_core.runtime.rollout_worker import RolloutWorker  # noqa: PLC0415
+
+    res = config.resources.rollout
+    return remote_role(RolloutWorker, res, max_concurrency=2).remote(
+        engine_dir,
+        pool,
+        config.rollout,
+        cores=res.cores,
+        seed=config.seed,
+        policy_version=policy_version,
+    )
+
+
+def start_teacher(config: TrainConfig, teacher_dir: Path) -> Any:
+    """The OPD teacher: a frozen model scoring turns."""
+    from thundersync_core.runtime.placement import remote_role  # noqa: PLC0415
+    from thundersync_core.runtime.teacher_worker import TeacherWorker  # noqa: PLC0415
+
+    res = config.resources.teacher
+    return remote_role(TeacherWorker, res).remote(
+        teacher_dir, cores=res.cores, top_k=config.opd_teacher_top_k
+    )
+
+
+def start_learner(
+    config: TrainConfig,
+    policy_dir: Path,
+    *,
+    publish_dir: Path,
+    resume_from: Path | None = None,
+    resources: LearnerResources | None = None,
+) -> Any:
+    """The learner: one worker, or a group facade over ``resources.learner.ranks`` ranks.
+    ``resources`` overrides the config's (the bench gives two learners half each)."""
+    from thundersync_core.runtime.learner_worker import LearnerWorker  # noqa: PLC0415
+    from thundersync_core.runtime.placement import remote_role  # noqa: PLC0415
+
+    res = resources or config.resources.learner
+    if res.ranks > 1:
+        from thundersync_core.runtime.learner_group import LearnerGroup  # noqa: PLC0415
+
+        # The facade only routes sources; the ranks it starts hold the learner's resources.
+        facade: RoleResources = res.model_copy(update={"num_cpus": 0.0, "num_gpus": 0.0})
+        return remote_role(LearnerGroup, facade).remote(
+            policy_dir, config, publish_dir=publish_dir, resume_from=resume_from
+        )
+    return remote_role(LearnerWorker, res).remote(
+        policy_dir, config, publish_dir=publish_dir, resume_from=resume_from
+    )
+
+
+def start_roles(
+    config: TrainConfig,
+    *,
+    publish_dir: Path,
+    policy_dir: Path,
+    teacher_dir: Path | None,
+    pool: dict[str, Path],
+    checkpoint: Path | None,
+) -> tuple[Any, int, dict[str, Any]]:
+    """Every role of a training run, from ``checkpoint`` when given (resume); returns the
+    roles once each answers, the first step and the checkpoint's state."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.schedules.base import Roles  # noqa: PLC0415
+
+    state: dict[str, Any] = {"step": 0, "policy_version": 0, "extra": {}}
+    if checkpoint is not None:
+        state = json.loads((checkpoint / "state.json").read_text())
+        print(f"[resume] from {checkpoint} (step {state['step']})", flush=True)
+    engine_dir = checkpoint / "model" if checkpoint is not None else policy_dir
+    learner = start_learner(config, policy_dir, publish_dir=publish_dir, resume_from=checkpoint)
+    rollout = start_rollout(config, engine_dir, pool, policy_version=int(state["policy_version"]))
+    teacher = start_teacher(config, teacher_dir) if teacher_dir is not None else None
+    # Wait for every role to be up, so step 0 measures training and not start-up.
+    ray.get(
+        [a.version.remote() for a in (rollout, learner)]
+        + ([teacher.ready.remote()] if teacher else [])
+    )
+    return Roles(rollout, learner, teacher), int(state["step"]), state
+
+
+def role_fault(exc: BaseException, roles: Any) -> str | None:
+    """What died, when ``exc`` says a role's process (or the engine inside the rollout
+    role) is gone; None for any other error (a refused step, a bug: not retried)."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.rollout.engine import EngineFailed  # noqa: PLC0415
+
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+    if isinstance(cause, EngineFailed) or isinstance(exc, EngineFailed):
+        return f"rollout engine failed: {first_line(cause)}"
+    if not isinstance(cause, ray.exceptions.RayActorError):
+        return None
+    dead = [name for name, actor in named_roles(roles) if not _answers(actor)]
+    which = " and ".join(dead) if dead else "a"
+    return f"the {which} role's process died ({first_line(cause)})"
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def named_roles(roles: Any) -> list[tuple[str, Any]]:
+    named = [("rollout", roles.rollout), ("learner", roles.learner), ("teacher", roles.teacher)]
+    return [(name, actor) for name, actor in named if actor is not None]
+
+
+def _answers(actor: Any, timeout_s: float = 10.0) -> bool:
+    import ray  # noqa: PLC0415
+
+    try:
+        ray.get(actor.pid.remote(), timeout=timeout_s)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
+    return True

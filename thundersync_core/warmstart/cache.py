@@ -1,0 +1,153 @@
+"""The warm starts of a training run: given, or made once and kept under a key.
+
+With ``warm_start.cache_dir`` a warm start is kept at ``<cache>/<policy|teacher>-<key>``,
+the key a sha256 over everything it depends on (see ``warm_start_key``); every run with the
+same key reuses it. A warm start is written to a scratch folder named by host and process
+beside its target and renamed into place, so a folder at the target is complete; scratch
+folders of processes that died on this host are removed at the next start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from thundersync_core.config import TrainConfig
+from thundersync_core.rollout.weights import process_alive
+
+__all__ = ["prepare_policies", "warm_start_key"]
+
+
+def prepare_policies(
+    config: TrainConfig, out: Path, train_roots: Sequence[Path]
+) -> tuple[Path, Path | None]:
+    """(policy folder, teacher folder or None): given, or warm-started once per run folder.
+
+    The warm start sees ``train_roots`` and, with ``tasks.warm_start_pool``, the prep run's
+    warm-start-only tasks (generated apart from every train, dev and evaluation task).
+    """
+    extra = Path(config.tasks.prep_dir) / "terminal" / "warmstart.parquet"
+    if config.tasks.warm_start_pool and extra.is_file():
+        train_roots = [*train_roots, extra]
+    policy = config.policy.path or _warm(
+        config, out / "warmstart" / "policy", train_roots, config.warm_start.steps
+    )
+    if config.objective != "opd":
+        return Path(policy), None
+    from_policy = config.warm_start.teacher_init == "policy"
+    teacher = config.policy.teacher_path or _warm(
+        config,
+        out / "warmstart" / "teacher",
+        train_roots,
+        config.warm_start.teacher_steps,
+        init_from=Path(policy) if from_policy else None,
+    )
+    return Path(policy), Path(teacher)
+
+
+def _warm(
+    config: TrainConfig,
+    target: Path,
+    roots: Sequence[Path],
+    steps: int,
+    init_from: Path | None = None,
+) -> Path:
+    if config.warm_start.cache_dir is not None:
+        key = warm_start_key(config, roots, steps, init_from)
+        target = Path(config.warm_start.cache_dir) / f"{target.name}-{key[:16]}"
+    if (target / "config.json").is_file():
+        if config.warm_start.cache_dir is not None:
+            print(f"[warm start] reusing {target}", flush=True)
+        return target
+    # Written beside the target and renamed into place: a folder at the target is complete.
+    _remove_abandoned_scratch(target)
+    scratch = target.with_name(f"{_scratch_prefix(target)}{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    if not config.warm_start.enabled:
+        from thundersync_core.policy import build_model, build_tokenizer, save_policy  # noqa: PLC0415
+
+        model = build_model(config.policy.preset, seed=config.seed)
+        save_policy(model, build_tokenizer(vocab_size=model.config.vocab_size), scratch)
+    else:
+        from thundersync_core.warmstart import warm_start  # noqa: PLC0415
+        from thundersync_core.warmstart.sft import SUMMARY_FILE  # noqa: PLC0415
+
+        summary = warm_start(
+            list(roots),
+            scratch,
+            preset=config.policy.preset,
+            steps=steps,
+            lr=config.warm_start.lr,
+            seed=config.seed,
+            families=config.tasks.families or None,
+            init_from=init_from,
+        )
+        summary["out_dir"] = str(target)
+        (scratch / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"[warm start] {json.dumps(summary)}", flush=True)
+    if target.exists() and not (target / "config.json").is_file():
+        shutil.rmtree(target)  # incomplete: written in place by an older version, then stopped
+    try:
+        scratch.rename(target)
+    except OSError:
+        # Another run with the same key finished first: its folder is the same warm start.
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def warm_start_key(
+    config: TrainConfig, roots: Sequence[Path], steps: int, init_from: Path | None = None
+) -> str:
+    """sha256 over what a warm start depends on: its settings, the starting weights (a
+    preset, or the files of ``init_from``), every file of every task it trains on, and the
+    warm-start, policy and agent code."""
+    from thundersync_core.warmstart.tasks import collect_tasks  # noqa: PLC0415
+
+    families = config.tasks.families or None
+    settings = {
+        "enabled": config.warm_start.enabled,
+        "preset": config.policy.preset if init_from is None else None,
+        "steps": steps,
+        "lr": config.warm_start.lr,
+        "seed": config.seed,
+        "families": sorted(families or []),
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    if init_from is not None:
+        _digest_files(digest, Path(init_from), "init_from")
+    if config.warm_start.enabled:
+        for task in collect_tasks(list(roots), families=families):
+            _digest_files(digest, task.root, task.task_id)
+    package = Path(__file__).resolve().parent.parent
+    for code in ("warmstart", "policy", "rollout"):
+        _digest_files(digest, package / code, code, pattern="*.py")
+    return digest.hexdigest()
+
+
+def _scratch_prefix(target: Path) -> str:
+    # The host is in the name: a cache on a shared file system sees other hosts' pids.
+    return f".{target.name}.partial-{socket.gethostname()}-"
+
+
+def _remove_abandoned_scratch(target: Path) -> None:
+    """Removes this host's scratch folders of warm starts into ``target`` whose process is
+    gone (killed mid-way); a live process's scratch, or another host's, is left alone."""
+    prefix = _scratch_prefix(target)
+    for scratch in target.parent.glob(f"{prefix}*"):
+        pid = scratch.name[len(prefix) :]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _digest_files(digest: Any, root: Path, label: str, pattern: str = "*") -> None:
+    for path in sorted(p for p in root.rglob(pattern) if p.is_file()):
+        digest.update(f"{label}/{path.relative_to(root).as_posix()}".encode())
+        digest.update(path.read_bytes())
