@@ -142,9 +142,10 @@ class TrainConfig(_Strict):
     #: after a fault ends bitwise as the uninterrupted one (it holds one gradient per
     #: arrived trajectory of an open group, and per closed group until the barrier).
     learner_order: Literal["arrival", "fixed"] = "arrival"
-    #: GRPO, one learner rank: trajectories that landed while the learner was busy are
-    #: handed over together and run as packs (one padded forward per group, one or two
-    #: backwards) of at most this many padded tokens; 0 hands them over one at a time.
+    #: Trajectories that landed while the learner was busy go over together, and those
+    #: that close their group run as one padded pack (one backward) of at most this many
+    #: tokens; 0: one at a time. Applies to the per-source GRPO learner of sync and
+    #: thundersync on one rank with learner_order arrival (``packs``); ignored elsewhere.
     learner_pack_tokens: int = Field(default=0, ge=0)
     #: Roles (rollout with its engine, learner, teacher) restarted from the latest
     #: checkpoint when one dies mid-run, before the run stops naming the fault.
@@ -171,17 +172,6 @@ class TrainConfig(_Strict):
                 "learner_order: fixed orders the per-source GRPO learner's sums; "
                 "objective opd sums in arrival order (use learner_order: arrival)"
             )
-        if self.learner_pack_tokens and (
-            self.objective != "grpo"
-            or self.schedule not in ("sync", "thundersync")
-            or self.learner_order == "fixed"
-            or self.resources.learner.ranks > 1
-            or (self.schedule == "sync" and self.sync_learner == "batched")
-        ):
-            raise ValueError(
-                "learner_pack_tokens: packs run in the per-source GRPO learner of sync and "
-                "thundersync, with learner_order arrival, on one learner rank (else set 0)"
-            )
         if self.learner_dtype == "bfloat16" and (
             self.learner_sharding != "fsdp2" or self.resources.learner.ranks < 2
         ):
@@ -190,6 +180,20 @@ class TrainConfig(_Strict):
                 "it needs learner_sharding: fsdp2 and resources.learner.ranks >= 2"
             )
         return self
+
+    @property
+    def packs(self) -> bool:
+        """Whether the learner runs packs: ``learner_pack_tokens`` set, and the per-source
+        GRPO learner of sync or thundersync, in arrival order, on one rank (elsewhere
+        sources go over one at a time)."""
+        return bool(
+            self.learner_pack_tokens
+            and self.objective == "grpo"
+            and self.schedule in ("sync", "thundersync")
+            and self.learner_order == "arrival"
+            and self.sync_learner == "per-source"
+            and self.resources.learner.ranks == 1
+        )
 
     @property
     def batch_size(self) -> int:

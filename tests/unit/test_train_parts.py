@@ -207,3 +207,19 @@ def test_dev_tasks_take_families_in_turn_and_leave_out_what_the_policy_saw(tmp_p
         dev_tasks(prep, (), 9, [tmp_path / "nope"])
     with pytest.raises(FileNotFoundError, match=r"tasks\.prep_dir"):
         dev_tasks(tmp_path / "empty", (), 9)
+
+
+def test_packs_apply_to_the_per_source_grpo_learner_of_sync_and_thundersync_only() -> None:
+    base = {"learner_pack_tokens": 4096}
+    assert load_config(None, base | {"schedule": "thundersync"}).packs
+    assert load_config(None, base | {"schedule": "sync"}).packs
+    for other in (
+        {"schedule": "async"},
+        {"schedule": "pipeline"},
+        {"objective": "opd"},
+        {"learner_order": "fixed"},
+        {"schedule": "sync", "sync_learner": "batched"},
+        {"resources.learner.ranks": 2},
+        {"learner_pack_tokens": 0},
+    ):
+        assert not load_config(None, base | other).packs, other

@@ -33,7 +33,7 @@ def run(ctx: RunContext, start: int, end: int) -> None:
         t0 = time.time()
         specs = ctx.plan(step)
         ctx.roles.learner.begin.remote(ctx.groups(specs))
-        mailbox = LearnerMailbox(ctx.roles.learner) if ctx.config.learner_pack_tokens else None
+        mailbox = LearnerMailbox(ctx.roles.learner) if ctx.config.packs else None
         batch = []
         for event in events(ctx, specs, emit_turns=ctx.opd):
             if isinstance(event, TurnReady):

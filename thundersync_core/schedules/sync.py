@@ -30,7 +30,7 @@ def run(ctx: RunContext, start: int, end: int) -> None:
         batch = [e for e in events(ctx, specs) if isinstance(e, Trajectory)]
         # A fixed order (not grading order) makes the batch's float sums reproducible.
         batch.sort(key=lambda t: t.trajectory_id)
-        if ctx.config.learner_pack_tokens:
+        if ctx.config.packs:
             # The whole batch at once: each group runs as packs, one backward per pack.
             ctx.roles.learner.submit_many.remote([(t, reward_time(t)) for t in batch])
         else:

@@ -22,13 +22,14 @@ It costs memory: an open group holds one gradient per arrived trajectory instead
 statistics, and a closed group holds its contribution until the barrier.
 
 ``submit_many`` takes several landed trajectories at once (what queued while the learner
-was busy) and runs those of one group as packs: one right-padded forward over the group's
-prompt cache, bounded by ``pack_tokens`` padded tokens, then one backward per statistic it
-feeds. A pack that closes its group knows every advantage A_i = a (r_i - shift) + b, so a
-single backward of sum_i A_i S_i over the pack joins a x1 + b x2 of the trajectories
-before it; a pack that leaves the group open takes two, of sum_i S_i (into x2) and of
-sum_i (r_i - shift) S_i (into x1). The sufficient statistics, hence the update, are the
-per-trajectory path's (up to float rounding: a padded row is summed in another order).
+was busy). Those that close their group run as a pack: one right-padded forward over the
+group's prompt cache, bounded by ``pack_tokens`` padded tokens; the pack knows every
+advantage A_i = a (r_i - shift) + b, so a single backward of sum_i A_i S_i joins
+a x1 + b x2 of the trajectories before it. A pack that left its group open would need two
+backwards (sum_i S_i into x2, sum_i (r_i - shift) S_i into x1), as many row backwards as
+one at a time, so the members of a group that stays open run one at a time.
+The sufficient statistics, hence the update, are the per-trajectory path's (up to float
+rounding: a padded row is summed in another order).
 """
 
 from __future__ import annotations
@@ -170,14 +171,28 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             by_group.setdefault(traj.group_id, []).append(traj)
         for group_id, members in by_group.items():
             if group_id in self._open or len(self._open) < self.max_open_groups:
-                for pack in _packs(members, pack_tokens):
+                for pack in self._plan_packs(group_id, members, pack_tokens):
                     self._process_pack(pack)
                 self._admit_held()
             else:
                 self._held.extend(members)
                 self._stats["sources_held"] += len(members)
 
+    def _plan_packs(
+        self, group_id: str, members: list[Trajectory], pack_tokens: int
+    ) -> list[list[Trajectory]]:
+        """Packs only where they save work: a pack that closes its group takes one backward
+        for all its rows, but one that leaves it open takes two (x1 and x2), as many row
+        backwards as its rows take one at a time. So members that close the group run as
+        packs (the last closing it), and members of a group that stays open one by one."""
+        seen = len(self._open[group_id].rewards) if group_id in self._open else 0
+        if seen + len(members) < self._groups[group_id].size:
+            return [[traj] for traj in members]
+        packs = _packs(members, pack_tokens)
+        return [[traj] for pack in packs[:-1] for traj in pack] + packs[-1:]
+
     def _process_pack(self, pack: list[Trajectory]) -> None:
+        """Trajectories that close their group: one padded forward, one backward."""
         if len(pack) == 1:
             self._process(pack[0])
             return
@@ -186,27 +201,18 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         if group.shift is None:
             group.shift = pack[0].reward
         rewards = group.rewards + [t.reward for t in pack]
-        closes = len(rewards) == group.spec.size
-        if closes:
-            coeff_x1, coeff_x2 = close_coefficients(rewards, group.shift)
-            weights = [[coeff_x1 * (t.reward - group.shift) + coeff_x2 for t in pack]]
-        else:
-            weights = [[1.0] * len(pack), [t.reward - group.shift for t in pack]]
-        scores, grads = self._pack_scores_and_grads(pack, group.prefix, weights)
+        assert len(rewards) == group.spec.size, "a pack closes its group"
+        coeff_x1, coeff_x2 = close_coefficients(rewards, group.shift)
+        advantages_B = [coeff_x1 * (t.reward - group.shift) + coeff_x2 for t in pack]
+        scores, grads = self._pack_scores_and_grads(pack, group.prefix, advantages_B)
         group.rewards, group.scores = rewards, group.scores + scores
-        if closes:
-            self._close(group_id, direct=grads[0])
-        elif grads[0] is not None or grads[1] is not None:
-            self._accumulate_sums(group, grads[0], grads[1])
+        self._close(group_id, direct=grads)
 
     def _pack_scores_and_grads(
-        self,
-        pack: list[Trajectory],
-        prefix: SharedPrefix | None,
-        weights: list[list[float]],
-    ) -> tuple[list[float], list[list[torch.Tensor | None] | None]]:
-        """Each row's S_i from one padded forward, and for each weight vector w the
-        gradient of sum_i w_i S_i (None where nothing is scored or every w_i is 0)."""
+        self, pack: list[Trajectory], prefix: SharedPrefix | None, weights: list[float]
+    ) -> tuple[list[float], list[torch.Tensor | None] | None]:
+        """Each row's S_i from one padded forward, and the gradient of sum_i w_i S_i (None
+        when nothing is scored or every w_i is 0)."""
         rows = [[t.prompt_ids[-1], *t.response_ids] for t in pack]
         width = max(map(len, rows))
         ids_BT = torch.zeros((len(pack), width), dtype=torch.long, device=self.device)
@@ -215,7 +221,7 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             ids_BT[i, : len(row)] = torch.tensor(row, device=self.device)
             scored_BT[i, 1 : len(row)] = torch.tensor(traj.response_scored, device=self.device)
         if not bool(scored_BT.any()):
-            return [0.0] * len(pack), [None] * len(weights)
+            return [0.0] * len(pack), None
         cache = prefix.cache_for_rows(len(pack)) if prefix is not None else None
         logprobs_N, row_N = scored_logprobs(self.model, ids_BT, scored_BT, past_key_values=cache)
         terms_N = logprobs_N
@@ -233,42 +239,21 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             terms_N = weights_N * logprobs_N
         score_B = torch.zeros(len(pack), dtype=terms_N.dtype, device=self.device)
         score_B = score_B.index_add(0, row_N, terms_N)
-        for traj, score in zip(pack, score_B.tolist(), strict=True):
+        scores = [float(x) for x in score_B.detach().tolist()]
+        for traj, score in zip(pack, scores, strict=True):
             if not math.isfinite(score):
                 raise LearnerRefusal(
                     f"trajectory {traj.trajectory_id!r}: its log-prob score is {score} "
                     "(non-finite loss)"
                 )
-        inputs = self.params + (prefix.proxies if prefix is not None else [])
-        # A weight vector of zeros has a zero gradient: None, and no backward.
-        wanted = [k for k, w in enumerate(weights) if any(x != 0.0 for x in w)]
-        grads: list[list[torch.Tensor | None] | None] = [None] * len(weights)
-        for k in wanted:
-            w_B = torch.tensor(weights[k], dtype=score_B.dtype, device=self.device)
-            grads[k] = list(
-                torch.autograd.grad(
-                    (w_B * score_B).sum(), inputs, retain_graph=k != wanted[-1], allow_unused=True
-                )
-            )
-        self._stats["pack_backwards"] += len(wanted)
         self._stats["packed_trajectories"] += len(pack)
-        return [float(x) for x in score_B.detach().tolist()], grads
-
-    def _accumulate_sums(
-        self,
-        group: _OpenGroup,
-        sum_grads: list[torch.Tensor | None] | None,
-        centred_sum_grads: list[torch.Tensor | None] | None,
-    ) -> None:
-        """x2 += sum_i grad S_i, x1 += sum_i (r_i - shift) grad S_i (a pack's)."""
-        if group.x1 is None or group.x2 is None:
-            inputs = self.params + (group.prefix.proxies if group.prefix is not None else [])
-            group.x1 = [torch.zeros_like(t, dtype=self.accum_dtype) for t in inputs]
-            group.x2 = [torch.zeros_like(t, dtype=self.accum_dtype) for t in inputs]
-        for stat, grads in ((group.x2, sum_grads), (group.x1, centred_sum_grads)):
-            for acc, g in zip(stat, grads or [None] * len(stat), strict=True):
-                if g is not None:
-                    acc.add_(g.to(self.accum_dtype))
+        if all(w == 0.0 for w in weights):
+            return scores, None  # no advantage: a zero gradient, no backward
+        inputs = self.params + (prefix.proxies if prefix is not None else [])
+        w_B = torch.tensor(weights, dtype=score_B.dtype, device=self.device)
+        grads = torch.autograd.grad((w_B * score_B).sum(), inputs, allow_unused=True)
+        self._stats["pack_backwards"] += 1
+        return scores, list(grads)
 
     def _sum_in_order(self, group: _OpenGroup) -> None:
         """The arrival path's sums, taken in trajectory-id order."""

@@ -1,0 +1,159 @@
+"""Learner busy time: the streaming GRPO learner, per trajectory and packed, against the
+best sync learner, on the same batch.
+
+Rewards land in waves (``--wave`` trajectories at a time, in a seeded random order), as
+they do when a bounded number of episodes is in flight: the streaming learner gets each
+wave as it lands, one trajectory at a time (``per-source``) or as one ``submit_many``
+(``packed``, packs of at most ``--pack-tokens`` padded tokens). The sync learners get the
+whole batch once it is complete: the per-source executor fed in trajectory-id order, the
+padded whole-batch learner, and the packed executor. Busy time is the learner's own work
+(submits and the barrier), the median of ``--repeats`` runs, on ``--threads`` threads (the
+learner's one core in the embedded default). The gradients are checked against the first
+sync learner's.
+
+    python benchmarks/learner_packing.py [--groups 16 --group-size 8 ...] [--out FILE.json]
+
+Prints a table and a JSON line: each learner's busy seconds and its ratio to the best sync
+learner (the packed streaming learner's is the figure to watch: <= 1.05 means streaming
+costs the learner almost nothing over the fastest way to train on a finished batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from grpo_release_tail import make_batch
+
+from thundersync_core.batch import Trajectory
+from thundersync_core.policy import build_model
+from thundersync_core.replay import relative_difference
+from thundersync_core.streaming import StreamingGRPOLearner, SyncGRPOLearner, groups_of
+
+
+def waves(batch: list[Trajectory], size: int, seed: int) -> list[list[Trajectory]]:
+    order = random.Random(seed).sample(batch, len(batch))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def timed(run: Callable[[], object]) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    result = run()
+    return time.perf_counter() - t0, result
+
+
+def learners(
+    model: torch.nn.Module, batch: list[Trajectory], args: argparse.Namespace
+) -> dict[str, Callable[[], object]]:
+    groups = groups_of(batch)
+    ordered = sorted(batch, key=lambda t: t.trajectory_id)
+    n_groups = len(groups)
+
+    def per_source(sources: list[list[Trajectory]], cap: int) -> object:
+        learner = StreamingGRPOLearner(model, loss_agg="token-mean", max_open_groups=cap)
+        learner.begin_batch(groups)
+        for wave in sources:
+            for traj in wave:
+                learner.submit(traj)
+        return learner.finish()
+
+    def packed(sources: list[list[Trajectory]], cap: int) -> object:
+        learner = StreamingGRPOLearner(model, loss_agg="token-mean", max_open_groups=cap)
+        learner.begin_batch(groups)
+        for wave in sources:
+            learner.submit_many(wave, pack_tokens=args.pack_tokens)
+        return learner.finish()
+
+    def batched() -> object:
+        learner = SyncGRPOLearner(model, loss_agg="token-mean")
+        learner.begin_batch(groups)
+        for traj in ordered:
+            learner.submit(traj)
+        return learner.finish()
+
+    arrivals = waves(batch, args.wave, args.seed)
+    return {
+        "sync per-source": lambda: per_source([ordered], n_groups),
+        "sync batched": batched,
+        "sync packed": lambda: packed([ordered], n_groups),
+        "streaming per-source": lambda: per_source(arrivals, args.max_open_groups),
+        "streaming packed": lambda: packed(arrivals, args.max_open_groups),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=96)
+    parser.add_argument("--response-tokens", type=int, default=160)
+    parser.add_argument("--segments", type=int, default=3, help="action segments a trajectory")
+    parser.add_argument("--wave", type=int, default=8, help="trajectories landing together")
+    parser.add_argument("--pack-tokens", type=int, default=4096)
+    parser.add_argument("--max-open-groups", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the JSON here too")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = build_model(args.preset, seed=0)
+    batch = make_batch(args, model.config.vocab_size)
+    runs = learners(model, batch, args)
+    runs["sync per-source"]()  # warm-up: kernels and allocator
+    busy: dict[str, list[float]] = {name: [] for name in runs}
+    results: dict[str, object] = {}
+    for _ in range(args.repeats):
+        for name, run in runs.items():  # interleaved: drift of the machine favours none
+            seconds, results[name] = timed(run)
+            busy[name].append(seconds)
+            model.zero_grad(set_to_none=True)
+    median = {name: statistics.median(times) for name, times in busy.items()}
+    best_sync = min((n for n in median if n.startswith("sync")), key=median.__getitem__)
+    reference = results["sync per-source"].grad_objective  # type: ignore[attr-defined]
+    rows = {
+        name: {
+            "busy_s": median[name],
+            "busy_s_all": busy[name],
+            "over_best_sync": median[name] / median[best_sync],
+            "grad_rel_diff": relative_difference(
+                reference,
+                results[name].grad_objective,  # type: ignore[attr-defined]
+            ),
+        }
+        for name in runs
+    }
+    print(f"{'learner':<22} {'busy s':>8} {'/ best sync':>12} {'grad rel diff':>14}")
+    for name, row in rows.items():
+        print(
+            f"{name:<22} {row['busy_s']:8.3f} {row['over_best_sync']:12.3f} "
+            f"{row['grad_rel_diff']:14.1e}"
+        )
+    keys = ("preset", "groups", "group_size", "prompt_tokens", "response_tokens", "segments")
+    keys += ("wave", "pack_tokens", "max_open_groups", "threads")
+    shape = {k: getattr(args, k) for k in keys}
+    summary = {
+        "best_sync": best_sync,
+        "streaming_packed_over_best_sync": rows["streaming packed"]["over_best_sync"],
+        "streaming_per_source_over_best_sync": rows["streaming per-source"]["over_best_sync"],
+        "learners": rows,
+        "shape": shape,
+        "command": "python " + " ".join(["benchmarks/learner_packing.py", *sys.argv[1:]]),
+    }
+    print(json.dumps(summary))
+    if args.out is not None:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
