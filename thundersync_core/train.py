@@ -48,6 +48,9 @@ from thundersync_core.runtime.roles import first_line, named_roles, role_fault, 
 from thundersync_core.runtime.rollout_worker import RolloutSpec
 from thundersync_core.warmstart.cache import prepare_policies
 
+#: Seconds between the engine watchdog's looks at the engine's processes.
+ENGINE_WATCH_S = 1.0
+
 
 class TrainingError(RuntimeError):
     """The run stopped: the message names the step and the cause."""
@@ -225,6 +228,9 @@ class _Crew:
     roles: Any = None
     #: One record per restart after a fault (summary.json ``recoveries``).
     recoveries: list[dict[str, Any]] = field(default_factory=list)
+    #: What the engine watchdog saw (it then stopped the rollout role); None if nothing.
+    engine_fault: str | None = None
+    _watch_stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self, checkpoint: Path | None) -> tuple[int, dict[str, Any]]:
         """Start every role (from ``checkpoint`` if given); (first step, checkpoint state)."""
@@ -237,7 +243,34 @@ class _Crew:
             checkpoint=checkpoint,
         )
         self._write_pids()
+        self._watch_engine()
         return step, state
+
+    def _watch_engine(self) -> None:
+        """Watch the engine's processes from outside the rollout role: a generation call in
+        flight when vLLM's engine core dies may block for good, so once one is gone the
+        rollout role is stopped, which the schedule sees as a role fault."""
+        import ray  # noqa: PLC0415
+
+        self.engine_fault, self._watch_stop = None, threading.Event()
+        rollout, stop = self.roles.rollout, self._watch_stop
+
+        def watch() -> None:
+            while not stop.wait(ENGINE_WATCH_S):
+                try:
+                    dead = ray.get(rollout.dead_engine_processes.remote(), timeout=60)
+                except Exception:
+                    return
+                if dead and not stop.is_set():
+                    self.engine_fault = (
+                        f"the vLLM engine core process died (pid {dead[0]}, seen by the "
+                        "engine watchdog)"
+                    )
+                    ray.kill(rollout)
+                    return
+
+        if ray.get(rollout.engine_pids.remote()):
+            threading.Thread(target=watch, name="engine-watchdog", daemon=True).start()
 
     def recover(self, fault: str, summary: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """Restart every role from the latest checkpoint after ``fault``; the schedule then
@@ -287,6 +320,7 @@ class _Crew:
         """Close the rollout role's sandboxes if it still answers, then kill every role."""
         import ray  # noqa: PLC0415
 
+        self._watch_stop.set()
         with contextlib.suppress(Exception):  # best effort: the role is killed next anyway
             ray.get(self.roles.rollout.close.remote(), timeout=30)
         for _name, actor in named_roles(self.roles):
@@ -328,7 +362,7 @@ def _train_steps(
                 stop=stop,
             )
         except Exception as exc:
-            fault = role_fault(exc, crew.roles)
+            fault = role_fault(exc, crew.roles, crew.engine_fault)
             if fault is None:
                 raise
             start_step, state = crew.recover(fault, summary)

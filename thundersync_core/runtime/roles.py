@@ -113,9 +113,10 @@ def start_roles(
     return Roles(rollout, learner, teacher), int(state["step"]), state
 
 
-def role_fault(exc: BaseException, roles: Any) -> str | None:
+def role_fault(exc: BaseException, roles: Any, engine_fault: str | None = None) -> str | None:
     """What died, when ``exc`` says a role's process (or the engine inside the rollout
-    role) is gone; None for any other error (a refused step, a bug: not retried)."""
+    role) is gone; None for any other error (a refused step, a bug: not retried).
+    ``engine_fault`` is what the engine watchdog saw before it stopped the rollout role."""
     import ray  # noqa: PLC0415
 
     from thundersync_core.rollout.engine import EngineFailed  # noqa: PLC0415
@@ -125,6 +126,8 @@ def role_fault(exc: BaseException, roles: Any) -> str | None:
         return f"rollout engine failed: {first_line(cause)}"
     if not isinstance(cause, ray.exceptions.RayActorError):
         return None
+    if engine_fault is not None:
+        return f"rollout engine failed: {engine_fault}"
     dead = [name for name, actor in named_roles(roles) if not _answers(actor)]
     which = " and ".join(dead) if dead else "a"
     return f"the {which} role's process died ({first_line(cause)})"

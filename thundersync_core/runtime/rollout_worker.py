@@ -83,6 +83,7 @@ class RolloutWorker:
             base_seed=seed,
         )
         self._pending: tuple[Path, int] | None = None
+        self._engine_pids = self.engine_pids()
         self._lock = threading.Lock()
         self.weight_swaps: list[tuple[int, float, float]] = []
 
@@ -113,6 +114,22 @@ class RolloutWorker:
         """Processes of the engine apart from this one (vLLM's engine core; none for hf)."""
         pids = getattr(self.engine, "engine_pids", None)
         return list(pids()) if callable(pids) else []
+
+    def dead_engine_processes(self) -> list[int]:
+        """The engine's processes (as started) that are gone. A generation call in flight
+        when vLLM's engine core dies may never return, so the training stage asks this from
+        outside the call (the actor's second thread)."""
+        import psutil  # noqa: PLC0415
+
+        dead = []
+        for pid in self._engine_pids:
+            try:
+                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            if gone:
+                dead.append(pid)
+        return dead
 
     def version(self) -> int:
         return self.engine.policy_version
