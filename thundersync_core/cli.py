@@ -24,6 +24,10 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
     p.add_argument("--seed", default=0, type=int, help="arrival order for --schedule stream")
     p.add_argument("--max-open-groups", default=4, type=int, help="admission cap (stream)")
+    p.add_argument(
+        "--pack-tokens", default=0, type=int,
+        help="GRPO stream: arrivals in random chunks, run as packs of at most N tokens",
+    )  # fmt: skip
     p.add_argument("--out", required=True, type=Path)
 
 
@@ -63,6 +67,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         seed=args.seed,
         max_open_groups=args.max_open_groups,
+        pack_tokens=args.pack_tokens,
     )
     print(json.dumps(summary))
     return 0

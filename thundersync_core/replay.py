@@ -61,8 +61,12 @@ def replay(
     dtype: str = "float32",
     seed: int = 0,
     max_open_groups: int = 4,
+    pack_tokens: int = 0,
 ) -> dict[str, object]:
-    """Replay ``batch_path``; nothing is written unless the whole batch is valid."""
+    """Replay ``batch_path``; nothing is written unless the whole batch is valid.
+
+    With ``pack_tokens`` (GRPO, stream) the shuffled batch arrives in chunks of seeded
+    random sizes, each handed over at once and run as packs (``submit_many``)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"--objective {objective!r}: choose one of {sorted(OBJECTIVES)}")
     if schedule not in ("sync", "stream"):
@@ -88,6 +92,7 @@ def replay(
             loss_agg=loss_agg,
             max_open_groups=max_open_groups,
             rng=rng,
+            pack_tokens=pack_tokens,
         )
     else:
         learner = _feed_opd(model, trajectories, teacher_turns, schedule, rng, top_k=top_k)
@@ -124,6 +129,7 @@ def _feed_grpo(
     loss_agg: LossAgg,
     max_open_groups: int,
     rng: random.Random,
+    pack_tokens: int = 0,
 ) -> LearnerBase:
     version = min(t.policy_version for t in trajectories)
     learner: StreamingGRPOLearner | SyncGRPOLearner
@@ -135,6 +141,13 @@ def _feed_grpo(
     else:
         learner = SyncGRPOLearner(model, loss_agg=loss_agg, policy_version=version)
     learner.begin_batch(groups_of(trajectories))
+    if pack_tokens and isinstance(learner, StreamingGRPOLearner):
+        pending = list(trajectories)
+        while pending:
+            size = rng.randint(1, len(pending))
+            chunk, pending = pending[:size], pending[size:]
+            learner.submit_many(chunk, pack_tokens=pack_tokens)
+        return learner
     for traj in trajectories:
         learner.submit(traj)
     return learner
