@@ -129,6 +129,11 @@ class LearnerWorker:
         t0 = time.time()
         self._guarded(self.learner.submit, traj)  # type: ignore[attr-defined]
         self._record(t0, traj.trajectory_id, release_s)
+        self._count_whole(traj)
+
+    def _count_whole(self, traj: Trajectory) -> None:
+        """FLOP ledger and token versions of a whole trajectory (its prompt once per group
+        in the per-source learners, every row in the padded batch learners)."""
         prompt = len(traj.prompt_ids) if traj.group_id not in self._groups_seen else 0
         self._groups_seen.add(traj.group_id)
         batched = isinstance(self.learner, SyncGRPOLearner | SyncOPDLearner)
@@ -150,19 +155,14 @@ class LearnerWorker:
         )
         t1 = time.time()
         self.intervals.append((t0, t1))
+        share = (t1 - t0) / len(sources)  # a pack's time, shared evenly among its members
         for traj, release_s in sources:
             if release_s is not None:
                 self.releases.append(release_s)
-                # A pack's time is shared evenly among its members.
-                share = (t1 - t0) / len(sources)
                 self.services.append(
                     {"id": traj.trajectory_id, "release_s": release_s, "service_s": share}
                 )
-            prompt = len(traj.prompt_ids) if traj.group_id not in self._groups_seen else 0
-            self._groups_seen.add(traj.group_id)
-            tokens = len(traj.response_ids) + prompt
-            self.ledger.add(forward=tokens, backward=tokens)
-            self._count_versions(traj)
+            self._count_whole(traj)
 
     def submit_turn(self, scored: tuple[Turn, float]) -> None:
         """One teacher-scored OPD turn (thundersync and pipeline)."""
