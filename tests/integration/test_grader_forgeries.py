@@ -256,7 +256,7 @@ def terminal(request) -> Iterator[Sandbox]:
 def test_read_only_folders_and_a_stopped_container_do_not_stop_grading(terminal, tmp_path):
     task = make_task(tmp_path / "hello", f"{CHECK} && echo 1 > /logs/verifier/reward.txt")
     agent(terminal, "mkdir -p /tmp/keep /logs/verifier/keep && chmod 500 /tmp/keep /logs/verifier")
-    agent(terminal, "pkill -9 -x sleep; true")  # Docker: the main process, so it stops
+    agent(terminal, "pkill -9 -x sleep; kill -9 1; true")  # Docker: tries to stop its container
     result = grade_terminal(terminal, task)
     assert result.reward == 0.0, result.reason
     terminal.exec("echo 'hello world' > /app/hello.txt")

@@ -86,6 +86,26 @@ def test_a_timed_out_commands_session_leavers_die_too(box):
     assert processes_in(box, marker) == ""
 
 
+def test_the_agent_cannot_stop_its_container_and_orphans_are_reaped(box):
+    box.exec("pkill -9 -x sleep; kill -9 1; kill -STOP 1; true")
+    box.exec("for i in 1 2 3; do (sleep 0.1 &); done; sleep 0.5")
+    # State field 3 of /proc/PID/stat; the container's own pid 1 is still the same shell.
+    states = box.exec("cat /proc/[0-9]*/stat 2>/dev/null | cut -d' ' -f1-3").stdout.split("\n")
+    assert not [line for line in states if line.endswith(" Z")], states
+    assert "1 (sh) S" in states
+    box._container.reload()
+    assert box._container.status == "running"
+
+
+def test_a_container_stopped_under_the_sandbox_is_started_again(box):
+    # As an out-of-memory kill of its main process would: the next calls still work.
+    box.write_file("kept.txt", "kept\n")
+    box._container.kill()
+    assert box.exec("cat kept.txt").stdout == "kept\n"
+    box._container.kill()
+    assert box.exec("echo $((6 * 7))", timeout_s=1).stdout == "42\n"
+
+
 def test_close_removes_the_container(client):
     box = DockerSandbox(client=client)
     container_id = box._container.id

@@ -1,6 +1,7 @@
 """Docker sandbox: one container per trajectory, no network, no capabilities, hard limits.
 
-The container runs ``sleep infinity`` under Docker's init (which reaps orphans) with
+The container's main process is a shell that reaps orphans and that the agent cannot
+kill from inside (see ``_MAIN``); it runs with
 ``network_mode="none"``, ``cap_drop=["ALL"]``, ``no-new-privileges``, ``mem_limit`` with
 no extra swap, ``nano_cpus``, ``pids_limit`` and rlimits for CPU seconds, file size and
 core dumps. Each ``exec`` is a Docker exec whose output is streamed (stdout and stderr
@@ -38,9 +39,9 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 from thundersync_core.rollout.sandbox.base import (
     LOGS_DIR,
@@ -92,9 +93,22 @@ _KILL_TREE = (
     'l=$(cat "$d/stat" 2>/dev/null) || continue; set -- ${l##*) }; '
     '[ "${20:-0}" -ge "$t" ] && kill -KILL "$q" 2>/dev/null; done; true'
 )
+# The container's main process, its pid 1. The kernel drops signals sent to a pid
+# namespace's init from inside the namespace unless it handles them, so the agent (root
+# in its container) cannot end it with `kill -9 1`; what it can kill is the `sleep`, which
+# comes back. `wait` reaps every child, orphans included (pid 1 adopts them), so finished
+# background processes do not pile up against the pid limit. If it ends all the same (an
+# out-of-memory kill), the next call starts the container again (`_while_running`).
+_MAIN = 'trap "" HUP INT QUIT TERM USR1 USR2; while :; do sleep 3600 & wait; done'
 _OOM_KILL = re.compile(rb"^oom_kill (\d+)$", re.MULTILINE)
 _SIGKILL_STATUS = 137
 _TIMEOUT_STATUSES = (124, _SIGKILL_STATUS)
+_T = TypeVar("_T")
+
+
+def _stopped(exc: Any) -> bool:
+    """Whether the daemon refused a call because the container is not running."""
+    return exc.status_code == 409 or "is not running" in str(exc)
 
 
 def connect_docker() -> Any:
@@ -210,9 +224,8 @@ class DockerSandbox(Sandbox):
             self._client.images.get(self.image)
             return self._client.containers.run(
                 self.image,
-                command=["sleep", "infinity"],
+                command=["/bin/sh", "-c", _MAIN],
                 detach=True,
-                init=True,
                 working_dir=self.workdir,
                 network_mode="none",
                 cap_drop=["ALL"],
@@ -274,8 +287,7 @@ class DockerSandbox(Sandbox):
     ) -> ExecResult:
         api = self._client.api
         start = time.monotonic()
-        exec_id = self._create_exec(wrapped, env)
-        stream = api.exec_start(exec_id, stream=True, demux=True)
+        exec_id, stream = self._start_exec(wrapped, env)
         out = BoundedOutput(self.limits.output_bytes)
         err = BoundedOutput(self.limits.output_bytes)
         failures: list[BaseException] = []
@@ -300,24 +312,43 @@ class DockerSandbox(Sandbox):
             self._kill_tree(pid_file)
         return self._result(out, err, None if timed_out else exit_code, timed_out, duration)
 
-    def _create_exec(self, wrapped: list[str], env: Mapping[str, str] | None) -> str:
-        import docker  # noqa: PLC0415
+    def _start_exec(self, wrapped: list[str], env: Mapping[str, str] | None) -> tuple[str, Any]:
+        """Create and start an exec: its id and its output stream."""
+        api = self._client.api
 
-        def create() -> str:
-            return self._client.api.exec_create(
+        def start() -> tuple[str, Any]:
+            exec_id = api.exec_create(
                 self._container.id, wrapped, environment=dict(env or {}), workdir=self.workdir
             )["Id"]
+            return exec_id, api.exec_start(exec_id, stream=True, demux=True)
+
+        return self._while_running(start, f"docker exec of {wrapped[7:]}")
+
+    def _while_running(self, call: Callable[[], _T], what: str) -> _T:
+        """``call()``; if the container stopped under it, start it again and call once more.
+
+        A command can end the container's main process; the container then exits on its
+        own a moment later, so the next exec may be refused, or accepted and then refused
+        at its start (the daemon answers 409 or 500 "is not running"). The container's
+        files survive a restart, so the trajectory can go on.
+        """
+        import docker  # noqa: PLC0415
 
         try:
-            return create()
+            return call()
         except docker.errors.APIError as exc:
-            if exc.status_code != 409:
-                name = self._container.short_id
-                raise SandboxError(f"docker exec failed in {name}: {exc}") from exc
-        # 409: the container stopped (a command killed its main process). Its files
-        # survive a restart, so the trajectory can go on.
+            if not _stopped(exc):
+                raise SandboxError(f"{what} failed in {self._container.short_id}: {exc}") from exc
+        self._restart_stopped()
+        try:
+            return call()
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"{what} failed in {self._container.short_id}: {exc}") from exc
+
+    def _restart_stopped(self) -> None:
+        # `wait` returns once the container is not running (at once if it has exited).
+        self._container.wait(timeout=60)
         self._container.start()
-        return create()
 
     def _result(
         self,
@@ -343,14 +374,19 @@ class DockerSandbox(Sandbox):
             stderr_bytes=err.total_bytes,
         )
 
+    def _exec_run(self, argv: list[str]) -> tuple[int, bytes]:
+        """A short helper command of the backend's own (not the agent's), output in one piece."""
+        code, output = self._while_running(lambda: self._container.exec_run(argv), repr(argv[:3]))
+        return code, output or b""
+
     def _kill_tree(self, pid_file: str) -> None:
-        self._container.exec_run(["/bin/sh", "-c", _KILL_TREE, "sh", pid_file])
+        self._exec_run(["/bin/sh", "-c", _KILL_TREE, "sh", pid_file])
 
     def _read_oom_kills(self) -> int | None:
         # cgroup v2 first, then v1; both report a cumulative oom_kill counter.
         files = "/sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control"
-        _code, output = self._container.exec_run(["/bin/sh", "-c", f"cat {files} 2>/dev/null"])
-        match = _OOM_KILL.search(output or b"")
+        _code, output = self._exec_run(["/bin/sh", "-c", f"cat {files} 2>/dev/null"])
+        match = _OOM_KILL.search(output)
         return int(match.group(1)) if match else None
 
     def _oom_killed_since_last_check(self) -> bool:
@@ -389,7 +425,7 @@ class DockerSandbox(Sandbox):
         self._put_tree(self.workdir, src, dest)
 
     def _is_dir(self, path: str) -> bool:
-        code, _output = self._container.exec_run(["test", "-d", path])
+        code, _output = self._exec_run(["test", "-d", path])
         return code == 0
 
     def pull_workdir(self) -> Path:
