@@ -33,6 +33,7 @@ from flows.train import config_name, train_flow
 from tasks import tracking
 from tasks.report import publish_report
 from tasks.runs import close_run, log_text, open_run
+from tasks.schedules_table import schedule_rows, schedules_markdown
 from tasks.train import resolve_train_config, shared_start
 
 __all__ = ["experiment_flow"]
@@ -88,11 +89,23 @@ def _report(
         "|" + "---|" * len(header),
     ]
     lines += ["| " + " | ".join(str(r[k]) for k in header) + " |" for r in rows]
+    baseline = params.compare.baseline
+    lines += ["", "## Schedules", "", schedules_markdown(schedule_rows(runs, baseline), baseline)]
     if comparison is not None:
         lines += ["", "## At matched device-hours", "", comparison["table"]]
     else:
         lines += ["", "Evaluation was off: no comparison."]
     return "\n".join(lines) + "\n"
+
+
+def _shared_dev_before(runs: list[dict[str, Any]], seed: int) -> dict[str, str]:
+    """The schedules of a seed start from the same weights: the first run's dev pass rate
+    before training is every later one's (training checks that it measured the same)."""
+    for run in runs:
+        summary = Path(run["run_dir"]) / "summary.json"
+        if run["seed"] == seed and "dev_before" in run["summary"] and summary.is_file():
+            return {"tasks.dev_before_from": str(summary)}
+    return {}
 
 
 def _train_and_evaluate(
@@ -115,7 +128,7 @@ def _train_and_evaluate(
             run = train_flow(
                 TrainParams(
                     train_config=params.train_config,
-                    overrides=overrides | start,
+                    overrides=overrides | start | _shared_dev_before(runs, seed),
                     schedule=schedule,
                     seed=seed,
                     out=str(runs_dir),

@@ -88,6 +88,10 @@ class TasksConfig(_Strict):
     #: them (e.g. another prep run's pools): a dev task repeating one of their instructions is
     #: left out of the dev measure.
     dev_exclude: tuple[Path, ...] = ()
+    #: The ``summary.json`` of a run from the same starting weights, seed and rollout
+    #: settings: its ``dev_before`` is this run's too, so it is not measured again (the
+    #: schedules of one experiment share their warm start). Checked by ``dev_before.key``.
+    dev_before_from: Path | None = None
     #: Also warm-start on the prep run's warm-start-only tasks (``terminal/warmstart.parquet``,
     #: written when the prep config has ``warm_start_pool``), when there are any.
     warm_start_pool: bool = True

@@ -13,6 +13,7 @@ t1 (new weights acknowledged by the rollout engines):
   ledger of tokens forwarded and backpropagated, at 2N FLOPs per token forward and 4N per
   token backward (N parameters; the attention term is left out, small at these lengths);
 - ``staleness_tokens`` = scored tokens by (learner version - version that sampled them).
+- ``inflight_swaps`` = trajectories whose turns more than one policy version sampled.
 
 Every second of a step is named once (``StepTimeline.breakdown``, the ``wall_*_s`` fields,
 which sum to ``step_wall_s``). Each instant goes to the first of these that is under way:
@@ -104,6 +105,15 @@ def turn_token_versions(traj: Trajectory) -> list[tuple[int, int]]:
     versions = (traj.metadata or {}).get("turn_versions") or [traj.policy_version]
     actions = [s for s in traj.segments if s.kind == "action"]
     return [(int(v), sum(seg.scored)) for v, seg in zip(versions, actions, strict=False)]
+
+
+def inflight_swaps(trajectories: Iterable[Trajectory]) -> int:
+    """Trajectories that new weights reached mid-trajectory: their turns were sampled by
+    more than one policy version (the pipeline schedule's in-flight updates)."""
+    return sum(
+        len({int(v) for v in (t.metadata or {}).get("turn_versions") or ()}) > 1
+        for t in trajectories
+    )
 
 
 def staleness_tokens(

@@ -14,7 +14,7 @@ from typing import Any
 from thundersync_core.batch import trajectory_to_json
 from thundersync_core.checkpoint import due
 from thundersync_core.config import TrainConfig
-from thundersync_core.metrics import staleness_tokens
+from thundersync_core.metrics import inflight_swaps, staleness_tokens
 from thundersync_core.schedules.base import StepOutcome
 
 __all__ = ["StepRecorder", "release_trace", "step_record", "steps_recorded", "truncate_metrics"]
@@ -105,6 +105,7 @@ def step_record(
         "grad_norm": learner["grad_norm"],
         "policy_version": learner["policy_version"],
         "staleness_tokens": staleness_tokens(learner["token_versions"], version),
+        "inflight_swaps": inflight_swaps(outcome.trajectories),
         "is_weight_mean": (
             learner["is_stats"]["weight_sum"] / learner["is_stats"]["tokens"]
             if learner["is_stats"]["tokens"]

@@ -131,6 +131,51 @@ def _dev_and_summary(config: TrainConfig) -> tuple[list[str], dict[str, Any]]:
     return dev_ids, summary
 
 
+def dev_before_key(config: TrainConfig, policy_dir: Path, dev_ids: Sequence[str]) -> str:
+    """What the pass rate before training depends on: the starting weights, the sampling
+    seed, the rollout settings and the dev tasks and samples (not the schedule)."""
+    import hashlib  # noqa: PLC0415
+
+    facts = {
+        "policy": str(Path(policy_dir).resolve()),
+        "seed": config.seed,
+        "rollout": config.rollout.model_dump(mode="json"),
+        "dev": list(dev_ids),
+        "samples": config.tasks.dev_samples,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shared_dev_before(path: Path, key: str) -> dict[str, Any]:
+    """The ``dev_before`` of the run whose summary is ``path``, if it measured the same
+    thing (``key``); a clear error otherwise."""
+    where = f"tasks.dev_before_from: {path}"
+    try:
+        earlier = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where}: not a readable summary.json ({exc})") from exc
+    before = earlier.get("dev_before")
+    if not isinstance(before, dict):
+        raise ValueError(f"{where}: has no dev_before")
+    if before.get("key") != key:
+        raise ValueError(
+            f"{where}: measured other starting weights, seed, rollout settings or dev tasks "
+            f"(key {before.get('key')}, this run's {key})"
+        )
+    return before | {"shared_from": str(path)}
+
+
+def _dev_before_source(
+    config: TrainConfig, policy_dir: Path, dev_ids: Sequence[str], *, resumed: bool
+) -> tuple[str, dict[str, Any] | None]:
+    """This run's dev-before key, and the shared measurement if the config names one."""
+    key = dev_before_key(config, policy_dir, dev_ids)
+    source = config.tasks.dev_before_from
+    if source is None or not dev_ids or resumed:
+        return key, None
+    return key, shared_dev_before(source, key)
+
+
 def _earlier_dev_before(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
@@ -162,6 +207,8 @@ def train(
     train_pool = load_pool(config.tasks.prep_dir, "train", config.tasks.families)
     dev_pool = load_pool(config.tasks.prep_dir, "dev", config.tasks.families)
     policy_dir, teacher_dir = prepare_policies(config, out, list(train_pool.values()))
+    dev_ids, summary = _dev_and_summary(config)
+    dev_key, shared = _dev_before_source(config, policy_dir, dev_ids, resumed=bool(checkpoint))
     start_ray(config.resources)
     crew = _Crew(
         config,
@@ -176,7 +223,6 @@ def train(
     except BaseException:
         shutil.rmtree(crew.publish_dir, ignore_errors=True)
         raise
-    dev_ids, summary = _dev_and_summary(config)
     if checkpoint is not None:
         # A resumed run keeps what the first attempt measured before training.
         summary |= _earlier_dev_before(out / "summary.json")
@@ -184,9 +230,9 @@ def train(
     previous = _stop_on_sigterm(stop)
     try:
         if dev_ids and checkpoint is None:
-            summary["dev_before"] = evaluate_pass_rate(
+            summary["dev_before"] = shared or evaluate_pass_rate(
                 crew.roles.rollout, dev_ids, config.tasks.dev_samples
-            )
+            ) | {"key": dev_key}
             print(f"[dev before] {json.dumps(summary['dev_before'])}", flush=True)
         steps = _train_steps(
             crew, train_pool, start_step, state, on_step=on_step, stop=stop, summary=summary

@@ -366,6 +366,8 @@ def test_off_policy_schedules_record_bounded_staleness(
         assert set(records[1]["staleness_tokens"]) == {"1"}
         assert set(records[2]["staleness_tokens"]) == {"1"}
         assert records[1]["is_weight_mean"] is not None
+        # Weights change only between batches: no trajectory spans two versions.
+        assert [r["inflight_swaps"] for r in records] == [0, 0, 0]
 
 
 def test_the_bench_runs_both_schedules_on_the_same_batches(

@@ -11,6 +11,7 @@ from thundersync_core.metrics import (
     FlopLedger,
     StepTimeline,
     episode_intervals,
+    inflight_swaps,
     staleness_tokens,
     union_seconds,
 )
@@ -126,6 +127,18 @@ def test_flop_ledger_and_staleness_histogram() -> None:
     assert staleness_tokens([(3, 5), (2, 4), (3, 1)], learner_version=3) == {"0": 6, "1": 4}
 
 
+def test_inflight_swaps_count_trajectories_that_span_versions() -> None:
+    from thundersync_core.batch import Segment, Trajectory  # noqa: PLC0415
+
+    def traj(versions: list[int] | None) -> Trajectory:
+        meta = None if versions is None else {"turn_versions": versions}
+        return Trajectory("g", "t", (1,), (Segment.action([2]),), 0.0, metadata=meta)
+
+    batch = [traj([3, 3, 4]), traj([4, 4]), traj(None), traj([2, 3]), traj([5])]
+    assert inflight_swaps(batch) == 2
+    assert inflight_swaps([]) == 0
+
+
 def test_release_trace_keeps_one_queue_per_learner_rank() -> None:
     """A learner group's step lists each rank's sources; the trace must not merge them."""
     from thundersync_core.perfmodel.trace import predict_from_trace  # noqa: PLC0415
@@ -223,3 +236,35 @@ def test_packs_apply_to_the_per_source_grpo_learner_of_sync_and_thundersync_only
         {"learner_pack_tokens": 0},
     ):
         assert not load_config(None, base | other).packs, other
+
+
+def test_a_shared_dev_before_must_have_measured_the_same_thing(tmp_path: Path) -> None:
+    import json  # noqa: PLC0415
+
+    from thundersync_core.train import dev_before_key, shared_dev_before  # noqa: PLC0415
+
+    config = load_config(CONFIGS / "train_embedded.yaml")
+    key = dev_before_key(config, tmp_path / "policy", ["a", "b"])
+    # Not the schedule: the schedules of one experiment share it.
+    assert (
+        dev_before_key(
+            config.model_copy(update={"schedule": "sync"}), tmp_path / "policy", ["a", "b"]
+        )
+        == key
+    )
+    others = [
+        dev_before_key(config, tmp_path / "other", ["a", "b"]),
+        dev_before_key(config, tmp_path / "policy", ["a"]),
+        dev_before_key(config.model_copy(update={"seed": 1}), tmp_path / "policy", ["a", "b"]),
+    ]
+    assert key not in others
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"dev_before": {"pass_rate": 0.5, "key": key}}))
+    assert shared_dev_before(summary, key)["pass_rate"] == 0.5
+    with pytest.raises(ValueError, match=r"tasks.dev_before_from: .*summary.json: measured other"):
+        shared_dev_before(summary, others[0])
+    summary.write_text(json.dumps({"status": "failed"}))
+    with pytest.raises(ValueError, match="has no dev_before"):
+        shared_dev_before(summary, key)
+    with pytest.raises(ValueError, match=r"not a readable summary\.json"):
+        shared_dev_before(tmp_path / "missing.json", key)
