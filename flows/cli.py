@@ -40,6 +40,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--ray-address", help="Ray job server, http://HEAD:8265 (a Ray job per run)")
     p.add_argument("--no-eval", action="store_true", help="skip evaluation and comparison")
     p.add_argument("--dry-run", action="store_true", help="print the parameters and exit")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print every log line (default: a progress line per stage, the rest in "
+        "<out>/experiment.log)",
+    )
 
 
 def build_params(args: argparse.Namespace) -> Any:
@@ -78,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(params.model_dump(mode="json"), indent=2))
         return 0
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    log_file = None
+    if not args.verbose:
+        from tasks.progress import quiet_console  # noqa: PLC0415
+
+        log_file = quiet_console(Path(params.out) / "experiment.log")
+        print(f"thundersync experiment: progress here, the full log in {log_file}", flush=True)
     from flows.experiment import experiment_flow  # noqa: PLC0415 - Prefect is slow to import
 
     state = experiment_flow(params, return_state=True)
@@ -93,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"Prefect:    flow runs in {_prefect_home()}; `make ui` serves both UIs")
     if result["comparison_dir"]:
         print(f"comparison: {Path(result['comparison_dir']) / 'table.md'}")
+    if log_file is not None:
+        print(f"log:        {log_file}")
     return 0
 
 

@@ -7,6 +7,7 @@ table. Re-running after more checkpoints appear evaluates only the new ones.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from prefect import flow
 from flows.params import EvaluateFlowParams
 from tasks import tracking
 from tasks.evaluate import evaluate_checkpoints, log_evaluation
+from tasks.progress import progress
 from tasks.report import publish_report
 from tasks.runs import find_train_run
 
@@ -28,6 +30,15 @@ def _rows(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         | {f"{pool}/{k}": v for pool, s in (line.get("pools") or {}).items() for k, v in s.items()}
         for line in lines
     ]
+
+
+def _eval_line(lines: list[dict[str, Any]], seconds: float) -> str:
+    scores = ", ".join(
+        f"step {line.get('step')} pass@1 {line['pass@1']:.1%}"
+        for line in lines
+        if isinstance(line.get("pass@1"), int | float)
+    )
+    return f"{len(lines)} checkpoints in {seconds:.0f} s" + (f": {scores}" if scores else "")
 
 
 @flow(name="evaluate", log_prints=True)
@@ -46,6 +57,7 @@ def evaluate_flow(
     uri = str(settings.tracking_uri)
     if mlflow_run is None:
         mlflow_run = find_train_run(uri, params.tracking.study, run_dir)
+    started = time.monotonic()
     lines = evaluate_checkpoints(
         run_dir,
         prep_dir,
@@ -56,6 +68,7 @@ def evaluate_flow(
         engine=params.eval.engine,
     )
     log_evaluation(uri, mlflow_run["run_id"], run_dir, lines)
+    progress(f"eval {run_dir.name}", _eval_line(lines, time.monotonic() - started))
     url = tracking.run_url(settings.ui_url, mlflow_run["experiment_id"], mlflow_run["run_id"])
     publish_report(
         f"evaluate-{run_dir.name}".lower(),

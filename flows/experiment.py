@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from flows.params import (
 from flows.prep import data_prep_flow
 from flows.train import config_name, train_flow
 from tasks import tracking
+from tasks.progress import progress
 from tasks.report import publish_report
 from tasks.runs import close_run, log_text, open_run
 from tasks.schedules_table import schedule_rows, schedules_markdown
@@ -123,7 +125,9 @@ def _train_and_evaluate(
         config = resolve_train_config(
             Path(params.train_config), overrides | {"seed": seed}, seed_dir / "config.yaml"
         )
+        started = time.monotonic()
         start = shared_start(config, seed_dir)
+        progress("warm start", f"seed {seed}: ready in {time.monotonic() - started:.0f} s")
         for schedule in params.schedules:
             run = train_flow(
                 TrainParams(

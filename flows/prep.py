@@ -8,6 +8,7 @@ dataset inputs of a ``prep`` run whose digest is the prep manifest's hash.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from prefect.runtime import flow_run
 from flows.params import PrepParams, TrackingParams
 from tasks import tracking
 from tasks.prep import log_prep_run, prepare_pools
+from tasks.progress import progress
 from tasks.report import publish_report
 from tasks.runs import close_run, open_run
 
@@ -32,6 +34,7 @@ def data_prep_flow(
     """Prepare (or reuse) the pools of ``params.config``; returns folder, hash, splits."""
     if not params.config:
         raise ValueError("prep.config: give a prep YAML (e.g. configs/prep_embedded.yaml)")
+    started = time.monotonic()
     result = prepare_pools(Path(params.config), Path(params.out_root))
     if not (Path(result["prep_dir"]) / "manifest.json").is_file():
         # A cached result whose folder was deleted since: prepare again.
@@ -59,4 +62,9 @@ def data_prep_flow(
         f"MLflow run: [prep]({url})\n",
         description=f"prep of {params.config}",
     )
+    splits = "; ".join(
+        f"{pool}: " + ", ".join(f"{n} {split}" for split, n in counts.items())
+        for pool, counts in result["splits"].items()
+    )
+    progress("prep", f"pools ready in {time.monotonic() - started:.0f} s ({splits})")
     return result | {"mlflow_run_id": run["run_id"]}

@@ -18,6 +18,7 @@ from prefect.runtime import flow_run
 
 from flows.params import TrainParams
 from tasks import tracking
+from tasks.progress import progress
 from tasks.report import publish_report
 from tasks.train import (
     TrainingFailed,
@@ -113,9 +114,21 @@ def train_flow(
         "summary": summary,
         "totals": run_totals(run_dir),
     }
+    progress(f"train {params.run_name}", _done_line(result))
     publish_report(
         f"train-{params.run_name}",
         _report(params, result, result["totals"], settings.ui_url),
         description=f"training run {params.run_name}",
     )
     return result
+
+
+def _done_line(result: dict[str, Any]) -> str:
+    totals, summary = result["totals"], result["summary"]
+    line = (
+        f"done, {totals.get('steps', 0)} steps, mean step {totals.get('mean_step_wall_s', 0):.1f} s"
+    )
+    before, after = summary.get("dev_before") or {}, summary.get("dev_after") or {}
+    if "pass_rate" in before and "pass_rate" in after:
+        line += f"; dev pass {before['pass_rate']:.1%} before, {after['pass_rate']:.1%} after"
+    return line

@@ -9,17 +9,20 @@ too, and are idempotent (see tasks/tracking.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks import tracking
 from tasks.common import IO_RETRY, task_logger
 from tasks.jobs import Launcher, TrainingJob, launch
+from tasks.progress import eta_line, progress, step_line
 
 __all__ = [
     "TrainingFailed",
@@ -139,7 +142,8 @@ def run_training(
     )
     logger = task_logger()
     logger.info("training %s: %s", "resumed" if resume else "started", job.description)
-    follow(job, tracking_uri, run_id, poll_s)
+    progress(f"train {run_dir.name}", f"{'resumed' if resume else 'started'}, log {job_log(job)}")
+    follow(job, tracking_uri, run_id, poll_s, total_steps=_config_steps(config_path))
     if job.poll() == "failed":
         raise TrainingFailed(
             f"training run {run_dir.name} ({run_dir}) failed: {job.failure()}",
@@ -157,16 +161,45 @@ def _summary_allows_retry(run_dir: Path, since: float) -> bool:
     return not (summary.get("status") == "failed" and summary.get("retryable") is False)
 
 
-def follow(job: TrainingJob, tracking_uri: str, run_id: str, poll_s: float) -> None:
-    """Log every step of ``job`` as its line lands in metrics.jsonl, until the job ends."""
+def job_log(job: TrainingJob) -> str:
+    """Where the job's own output goes (engine, Ray and trainer lines)."""
+    path = getattr(job, "log_path", None)
+    return str(path) if path is not None else "with the flow's"
+
+
+def _config_steps(config_path: Path) -> int | None:
+    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError):
+        steps = (yaml.safe_load(Path(config_path).read_text()) or {}).get("steps")
+        return int(steps) if steps is not None else None
+    return None
+
+
+def follow(
+    job: TrainingJob,
+    tracking_uri: str,
+    run_id: str,
+    poll_s: float,
+    *,
+    total_steps: int | None = None,
+) -> None:
+    """Log every step of ``job`` as its line lands in metrics.jsonl, until the job ends;
+    a progress line per step (with an ETA when ``total_steps`` is known)."""
     metrics = Path(job.run_dir) / "metrics.jsonl"
-    offset = 0
+    offset, seen, first_seen = 0, 0, None
     while True:
         # Status first: a job seen finished has written its last line already.
         finished = job.poll() != "running"
         records, offset = read_new_records(metrics, offset)
         if records:
             log_steps(tracking_uri, run_id, records)
+        for record in records:
+            seen += 1
+            now = time.time()
+            first_seen = first_seen or now - float(record.get("step_wall_s", 0.0))
+            done = int(record["step"]) + 1
+            pace = (now - first_seen) / seen
+            count = eta_line(done, total_steps, pace) if total_steps else str(done)
+            progress(f"train {Path(job.run_dir).name}", f"{count}: {step_line(record)}")
         if finished:
             return
         time.sleep(poll_s)

@@ -1,0 +1,96 @@
+"""What the console shows while a flow runs: one line per stage, the full logs in a file.
+
+``quiet_console(log_file)`` (the CLI calls it) sends every INFO record (Prefect's task and
+flow lines, printed output of the stages, vLLM's engine lines) to ``log_file`` and leaves
+the console only warnings and errors, plus the progress lines: ``progress`` writes a
+stamped line to the terminal and to the run's Prefect log (so the UI has it too). Without
+``quiet_console`` (tests, a deployment on a worker) ``progress`` only logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tasks.common import task_logger
+
+__all__ = ["eta_line", "progress", "quiet_console", "step_line"]
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_console: list[Any] = []
+
+
+def quiet_console(log_file: Path) -> Path:
+    """INFO and below to ``log_file`` (appended), warnings to the console; returns the file."""
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    # vLLM then logs through the standard loggers (its own handler would print INFO).
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    from prefect.logging.configuration import setup_logging  # noqa: PLC0415
+
+    setup_logging()
+    to_file = logging.FileHandler(log_file)
+    to_file.setLevel(logging.INFO)
+    to_file.setFormatter(logging.Formatter(_FORMAT))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setLevel(logging.WARNING)
+    warnings.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        ):
+            root.removeHandler(handler)
+    root.addHandler(to_file)
+    root.addHandler(warnings)
+    for name in ("prefect", *logging.root.manager.loggerDict):
+        if not name.startswith("prefect"):
+            continue
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            # Prefect's console handler: warnings only; its API handler (the UI) keeps all.
+            if type(handler).__name__ == "PrefectConsoleHandler":
+                handler.setLevel(logging.WARNING)
+        if not logger.propagate and logger.handlers:
+            logger.addHandler(to_file)
+    _console[:] = [sys.stdout]
+    return log_file
+
+
+def progress(stage: str, text: str) -> None:
+    """One progress line: ``HH:MM:SS stage: text`` on the console (when quiet) and logged."""
+    line = f"{time.strftime('%H:%M:%S')} {stage}: {text}"
+    for stream in _console:
+        print(line, file=stream, flush=True)
+    task_logger().info("%s: %s", stage, text)
+
+
+def eta_line(done: int, total: int, seconds_per_step: float) -> str:
+    """``3/20, ETA 4 min 10 s`` at ``seconds_per_step`` for the steps left."""
+    if done <= 0 or total <= done:
+        return f"{done}/{total}"
+    left = round(seconds_per_step * (total - done))
+    return f"{done}/{total}, ETA {left // 60} min {left % 60:02d} s"
+
+
+def step_line(record: Mapping[str, Any]) -> str:
+    """The step figures of a ``metrics.jsonl`` record, in a few words."""
+    figures = [
+        f"step {record.get('step_wall_s', float('nan')):.1f} s",
+        f"tail {record.get('learner_tail_s', float('nan')):.1f} s",
+        f"reward {record.get('reward_mean', float('nan')):.2f}",
+    ]
+    stale = record.get("staleness_tokens") or {}
+    total = sum(stale.values())
+    if total and any(int(lag) > 0 and n for lag, n in stale.items()):
+        old = sum(n for lag, n in stale.items() if int(lag) > 0)
+        figures.append(f"stale tokens {old / total:.0%}")
+    if record.get("inflight_swaps"):
+        figures.append(f"in-flight swaps {record['inflight_swaps']}")
+    return ", ".join(figures)
