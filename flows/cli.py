@@ -92,7 +92,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"thundersync experiment: progress here, the full log in {log_file}", flush=True)
     from flows.experiment import experiment_flow  # noqa: PLC0415 - Prefect is slow to import
 
-    state = experiment_flow(params, return_state=True)
+    try:
+        state = experiment_flow(params, return_state=True)
+    finally:
+        if log_file is not None:
+            from tasks.progress import restore_console  # noqa: PLC0415
+
+            restore_console()
     if not state.is_completed():
         print(f"thundersync experiment: {state.name}: {state.message}")
         return 1

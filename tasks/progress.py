@@ -19,55 +19,70 @@ from typing import Any
 
 from tasks.common import task_logger
 
-__all__ = ["eta_line", "progress", "quiet_console", "step_line"]
+__all__ = ["eta_line", "progress", "quiet_console", "restore_console", "step_line"]
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _console: list[Any] = []
 
 
 def quiet_console(log_file: Path) -> Path:
-    """INFO and below to ``log_file`` (appended), warnings to the console; returns the file."""
+    """INFO and below to ``log_file`` (appended), warnings to the console; returns the file.
+
+    Whatever the stages write to ``sys.stdout``/``sys.stderr`` (progress bars, stray
+    prints) goes to the file too, until ``restore_console``."""
     log_file = Path(log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     # vLLM then logs through the standard loggers (its own handler would print INFO).
     os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    import mlflow  # noqa: F401, PLC0415 - its logger's console handler is made on import
     from prefect.logging.configuration import setup_logging  # noqa: PLC0415
 
     setup_logging()
-    to_file = logging.FileHandler(log_file)
+    stream = log_file.open("a", buffering=1)
+    to_file = logging.StreamHandler(stream)
     to_file.setLevel(logging.INFO)
     to_file.setFormatter(logging.Formatter(_FORMAT))
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    warnings = logging.StreamHandler(sys.stderr)
+    warnings = logging.StreamHandler(sys.__stderr__)
     warnings.setLevel(logging.WARNING)
     warnings.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    # One line per request to Prefect's API: nothing a reader of the log wants.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     for handler in list(root.handlers):
-        if isinstance(handler, logging.StreamHandler) and not isinstance(
-            handler, logging.FileHandler
-        ):
+        if isinstance(handler, logging.StreamHandler):
             root.removeHandler(handler)
     root.addHandler(to_file)
     root.addHandler(warnings)
-    for name in ("prefect", *logging.root.manager.loggerDict):
-        if not name.startswith("prefect"):
-            continue
+    for name in list(logging.root.manager.loggerDict):
         logger = logging.getLogger(name)
+        if logger.propagate or not logger.handlers:
+            continue
+        # A library logger with its own console handler (MLflow's): warnings only there.
         for handler in logger.handlers:
-            # Prefect's console handler: warnings only; its API handler (the UI) keeps all.
-            if type(handler).__name__ == "PrefectConsoleHandler":
-                handler.setLevel(logging.WARNING)
-        if not logger.propagate and logger.handlers:
-            logger.addHandler(to_file)
-    _console[:] = [sys.stdout]
+            if isinstance(handler, logging.StreamHandler):
+                handler.setLevel(max(handler.level, logging.WARNING))
+                handler.setStream(sys.__stderr__)
+        logger.addHandler(to_file)
+    _console[:] = [sys.stdout, sys.stderr, stream]
+    sys.stdout = sys.stderr = stream
     return log_file
+
+
+def restore_console() -> None:
+    """The console's own streams back (after ``quiet_console``)."""
+    if _console:
+        sys.stdout, sys.stderr = _console[0], _console[1]
+        _console.clear()
 
 
 def progress(stage: str, text: str) -> None:
     """One progress line: ``HH:MM:SS stage: text`` on the console (when quiet) and logged."""
     line = f"{time.strftime('%H:%M:%S')} {stage}: {text}"
-    for stream in _console:
-        print(line, file=stream, flush=True)
+    if _console:
+        # Written, not printed: Prefect's print (log_prints) would send it to the log.
+        _console[0].write(line + "\n")
+        _console[0].flush()
     task_logger().info("%s: %s", stage, text)
 
 
