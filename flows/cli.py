@@ -88,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:
         from tasks.progress import quiet_console  # noqa: PLC0415
 
-        log_file = quiet_console(Path(params.out) / "experiment.log")
+        log_file = Path(params.out) / "experiment.log"
         print(f"thundersync experiment: progress here, the full log in {log_file}", flush=True)
+        quiet_console(log_file)
     from flows.experiment import experiment_flow  # noqa: PLC0415 - Prefect is slow to import
 
     try:

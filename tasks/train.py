@@ -142,7 +142,9 @@ def run_training(
     )
     logger = task_logger()
     logger.info("training %s: %s", "resumed" if resume else "started", job.description)
-    progress(f"train {run_dir.name}", f"{'resumed' if resume else 'started'}, log {job_log(job)}")
+    progress(
+        f"train {run_dir.name}", f"{'resumed' if resume else 'started'}, output {job_log(job)}"
+    )
     follow(job, tracking_uri, run_id, poll_s, total_steps=_config_steps(config_path))
     if job.poll() == "failed":
         raise TrainingFailed(
@@ -164,7 +166,7 @@ def _summary_allows_retry(run_dir: Path, since: float) -> bool:
 def job_log(job: TrainingJob) -> str:
     """Where the job's own output goes (engine, Ray and trainer lines)."""
     path = getattr(job, "log_path", None)
-    return str(path) if path is not None else "with the flow's"
+    return str(path) if path is not None else "in the flow's log"
 
 
 def _config_steps(config_path: Path) -> int | None:
