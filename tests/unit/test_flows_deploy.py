@@ -74,7 +74,7 @@ def test_the_embedded_experiment_config_resolves_and_validates() -> None:
     params = ExperimentParams.from_yaml(path)
     assert Path(params.train_config) == ROOT / "configs" / "train_embedded.yaml"
     assert Path(str(params.prep.config)) == ROOT / "configs" / "prep_embedded.yaml"
-    assert params.schedules == ["sync", "thundersync"]
+    assert params.schedules == ["sync", "thundersync", "async", "pipeline"]
     # The training side is load_config(train_config, overrides).
     train_config = Path(params.train_config)
     config = load_config(train_config if train_config.is_file() else None, params.overrides)
