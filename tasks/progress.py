@@ -28,8 +28,9 @@ _console: list[Any] = []
 def quiet_console(log_file: Path) -> Path:
     """INFO and below to ``log_file`` (appended), warnings to the console; returns the file.
 
-    Whatever the stages write to ``sys.stdout``/``sys.stderr`` (progress bars, stray
-    prints) goes to the file too, until ``restore_console``."""
+    Whatever the stages write to standard output or error goes to the file too, until
+    ``restore_console``: Python's streams and the file descriptors under them, so child
+    processes (vLLM's engine core, progress bars) land there as well."""
     log_file = Path(log_file)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     # vLLM then logs through the standard loggers (its own handler would print INFO).
@@ -38,13 +39,21 @@ def quiet_console(log_file: Path) -> Path:
     from prefect.logging.configuration import setup_logging  # noqa: PLC0415
 
     setup_logging()
+    for handle in (sys.stdout, sys.stderr):
+        handle.flush()
+    console_out = os.fdopen(os.dup(1), "w", buffering=1)
+    console_err = os.fdopen(os.dup(2), "w", buffering=1)
     stream = log_file.open("a", buffering=1)
+    os.dup2(stream.fileno(), 1)
+    os.dup2(stream.fileno(), 2)
     to_file = logging.StreamHandler(stream)
     to_file.setLevel(logging.INFO)
     to_file.setFormatter(logging.Formatter(_FORMAT))
-    warnings = logging.StreamHandler(sys.__stderr__)
+    warnings = logging.StreamHandler(console_err)
     warnings.setLevel(logging.WARNING)
     warnings.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    # vLLM's start-up warnings (CPU backend, eager mode) say nothing about the run.
+    warnings.addFilter(lambda r: r.levelno >= logging.ERROR or not r.name.startswith("vllm"))
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     # One line per request to Prefect's API: nothing a reader of the log wants.
@@ -62,9 +71,9 @@ def quiet_console(log_file: Path) -> Path:
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler):
                 handler.setLevel(max(handler.level, logging.WARNING))
-                handler.setStream(sys.__stderr__)
+                handler.setStream(console_err)
         logger.addHandler(to_file)
-    _console[:] = [sys.stdout, sys.stderr, stream]
+    _console[:] = [console_out, console_err, sys.stdout, sys.stderr]
     sys.stdout = sys.stderr = stream
     return log_file
 
@@ -72,7 +81,11 @@ def quiet_console(log_file: Path) -> Path:
 def restore_console() -> None:
     """The console's own streams back (after ``quiet_console``)."""
     if _console:
-        sys.stdout, sys.stderr = _console[0], _console[1]
+        console_out, console_err, sys.stdout, sys.stderr = _console
+        for handle in (sys.stdout, sys.stderr):
+            handle.flush()
+        os.dup2(console_out.fileno(), 1)
+        os.dup2(console_err.fileno(), 2)
         _console.clear()
 
 

@@ -22,6 +22,9 @@ SCRIPT = textwrap.dedent(
     logging.getLogger("mlflow.store").warning("mlflow warning line")
     logging.getLogger("thundersync").warning("a warning that matters")
     print("a stray print")
+    import subprocess
+    subprocess.run([sys.executable, "-c", "import os; os.write(2, b'a child process line')"])
+    logging.getLogger("vllm.config").warning("a vllm start-up warning")
     sys.stderr.write("a progress bar\\r")
     progress("train sync-seed0", "3/12: step 18.1 s")
 
@@ -55,7 +58,8 @@ def test_quiet_console_shows_progress_and_warnings_and_files_the_rest(tmp_path: 
     for line in (*kept, "mlflow warning line"):
         assert line in shown, shown
     for line in ("flow info line", "engine info line", "mlflow info line", "a stray print",
-                 "a progress bar", "a flow print"):  # fmt: skip
+                 "a progress bar", "a flow print", "a child process line",
+                 "a vllm start-up warning"):  # fmt: skip
         assert line not in shown, shown
         assert line in log.read_text()
     assert "train sync-seed0: 3/12" in log.read_text()
