@@ -132,6 +132,8 @@ def run_training(
     run_dir = Path(run_dir)
     resume = (run_dir / "metrics.jsonl").exists()
     started = time.time()
+    # Read before the trainer starts: it writes config.yaml again (resolved) as it begins.
+    total_steps = _config_steps(config_path)
     job = launch(
         launcher,
         config_path,
@@ -145,7 +147,7 @@ def run_training(
     progress(
         f"train {run_dir.name}", f"{'resumed' if resume else 'started'}, output {job_log(job)}"
     )
-    follow(job, tracking_uri, run_id, poll_s, total_steps=_config_steps(config_path))
+    follow(job, tracking_uri, run_id, poll_s, total_steps=total_steps)
     if job.poll() == "failed":
         raise TrainingFailed(
             f"training run {run_dir.name} ({run_dir}) failed: {job.failure()}",
