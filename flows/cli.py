@@ -84,22 +84,20 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(params.model_dump(mode="json"), indent=2))
         return 0
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from tasks.progress import quiet_console, restore_console  # noqa: PLC0415
+
     log_file = None
-    if not args.verbose:
-        from tasks.progress import quiet_console  # noqa: PLC0415
-
-        log_file = Path(params.out) / "experiment.log"
-        print(f"thundersync experiment: progress here, the full log in {log_file}", flush=True)
-        quiet_console(log_file)
-    from flows.experiment import experiment_flow  # noqa: PLC0415 - Prefect is slow to import
-
     try:
+        if not args.verbose:
+            log_file = Path(params.out) / "experiment.log"
+            print(f"thundersync experiment: progress here, the full log in {log_file}", flush=True)
+            quiet_console(log_file)
+        from flows.experiment import experiment_flow  # noqa: PLC0415 - Prefect is slow to import
+
         state = experiment_flow(params, return_state=True)
     finally:
-        if log_file is not None:
-            from tasks.progress import restore_console  # noqa: PLC0415
-
-            restore_console()
+        # An error then reaches the console, not only the log file.
+        restore_console()
     if not state.is_completed():
         print(f"thundersync experiment: {state.name}: {state.message}")
         return 1

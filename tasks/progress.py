@@ -9,6 +9,7 @@ stamped line to the terminal and to the run's Prefect log (so the UI has it too)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -44,8 +45,6 @@ def quiet_console(log_file: Path) -> Path:
     console_out = os.fdopen(os.dup(1), "w", buffering=1)
     console_err = os.fdopen(os.dup(2), "w", buffering=1)
     stream = log_file.open("a", buffering=1)
-    os.dup2(stream.fileno(), 1)
-    os.dup2(stream.fileno(), 2)
     to_file = logging.StreamHandler(stream)
     to_file.setLevel(logging.INFO)
     to_file.setFormatter(logging.Formatter(_FORMAT))
@@ -71,9 +70,14 @@ def quiet_console(log_file: Path) -> Path:
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler):
                 handler.setLevel(max(handler.level, logging.WARNING))
-                handler.setStream(console_err)
+                # Some (logging's own stderr handler) follow sys.stderr and cannot be moved.
+                with contextlib.suppress(AttributeError):
+                    handler.setStream(console_err)
         logger.addHandler(to_file)
+    # Last, so that a failure above leaves the console as it was.
     _console[:] = [console_out, console_err, sys.stdout, sys.stderr]
+    os.dup2(stream.fileno(), 1)
+    os.dup2(stream.fileno(), 2)
     sys.stdout = sys.stderr = stream
     return log_file
 

@@ -13,6 +13,7 @@ SCRIPT = textwrap.dedent(
     """
     import logging, sys
     from pathlib import Path
+    import flows.experiment  # what the CLI has imported (loggers with their own handlers)
     from tasks.progress import progress, quiet_console, restore_console
 
     quiet_console(Path(sys.argv[1]))
