@@ -67,6 +67,9 @@ class WarmStartConfig(_Strict):
     steps: int = Field(default=300, ge=1)
     lr: float = Field(default=1e-3, gt=0)
     teacher_steps: int = Field(default=600, ge=1)
+    #: The supervised steps' matrix products: ``bfloat16`` autocasts them (float32 weights,
+    #: optimizer state and log-softmax), about 2x faster where the CPU or GPU has bf16.
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
     #: The OPD teacher's start: ``preset``, a fresh model warm-started ``teacher_steps``;
     #: ``policy``, the policy's warm start continued for ``teacher_steps`` more steps.
     teacher_init: Literal["preset", "policy"] = "preset"

@@ -207,9 +207,14 @@ def partition(
     return out
 
 
-def episode_intervals(events: Sequence[Mapping[str, Any]]) -> dict[str, list[Interval]]:
+def episode_intervals(
+    events: Sequence[Mapping[str, Any]], open_until: float | None = None
+) -> dict[str, list[Interval]]:
     """An agent trajectory's event list as intervals: ``generation`` (engine calls),
-    ``sandbox`` (set-up, commands, removal) and ``grading`` (grade start to reward)."""
+    ``sandbox`` (set-up, commands, removal) and ``grading`` (grade start to reward).
+
+    ``open_until``: the list of an episode still under way, read at that time; an interval
+    begun and not yet ended runs until then (without it, such an interval is left out)."""
     out: dict[str, list[Interval]] = {"generation": [], "sandbox": [], "grading": []}
     pairs = {
         "setup_start": ("start", "sandbox"),
@@ -226,6 +231,10 @@ def episode_intervals(events: Sequence[Mapping[str, Any]]) -> dict[str, list[Int
             out[ends[kind][1]].append((opened.pop(ends[kind][0]), t))
         if kind in pairs:
             opened[kind] = t
+    if open_until is not None:
+        for kind, t in opened.items():
+            if open_until > t:
+                out[pairs[kind][1]].append((t, open_until))
     return out
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from thundersync_core.batch import parse_batch_lines
+from thundersync_core.metrics import episode_intervals
 from thundersync_core.policy import load_tokenizer
 from thundersync_core.rollout.agent import PARSE_ERROR, Agent, AgentConfig, EpisodeSpec
 from thundersync_core.rollout.engine import GenerationRequest, GenerationResult, SamplingConfig
@@ -239,3 +240,46 @@ def test_rollout_command_writes_a_learner_ready_batch(tiny_policy_dir, tmp_path)
     assert summary["trajectories"] == 4
     batch = parse_batch_lines(out.read_text().splitlines())
     assert {t.group_id for t in batch} == {"count-lines", "write-hello"}
+
+
+def test_episodes_under_way_show_their_events_so_far(tiny_policy_dir):
+    # A step that closes while later episodes run (the pipeline) names their time from this.
+    tokenizer = load_tokenizer(tiny_policy_dir)
+    hello = load_terminal_task(TASKS / "write-hello")
+    script = {
+        "a": ["```bash\necho hello > hello.txt\n```", "```bash\nsubmit\n```"],
+        "b": ["```bash\nls\n```", "```bash\nsubmit\n```"],
+    }
+    engine = ScriptedPolicy(tokenizer, script)
+    seen: list[tuple[float, list[list[dict]]]] = []
+    agent = Agent(
+        engine,
+        tokenizer,
+        lambda: open_sandbox("local", limits=SandboxLimits(timeout_s=10)),
+        config=AgentConfig(max_turns=2),
+    )
+    generate = engine.generate
+
+    def watched(requests, sampling):
+        seen.append((time.time(), agent.in_flight_events()))
+        return generate(requests, sampling)
+
+    engine.generate = watched
+    try:
+        specs = [EpisodeSpec(hello, "g", "a"), EpisodeSpec(hello, "g", "b")]
+        done = [t for t in agent.stream(specs) if hasattr(t, "reward")]
+        assert agent.in_flight_events() == []  # every episode handed out
+    finally:
+        agent.close()
+    assert len(done) == 2
+    # Second round: both episodes set up, the first command run, the second call open.
+    now, in_flight = seen[1]
+    assert len(in_flight) == 2
+    for events in in_flight:
+        kinds = [e["event"] for e in events]
+        assert kinds == ["setup_start", "start", "generate_start", "generate_end", "exec_start",
+                         "exec_end", "generate_start"]  # fmt: skip
+        parts = episode_intervals(events, open_until=now + 1.0)
+        assert parts["generation"][-1] == (events[-1]["time"], now + 1.0)  # open until then
+        assert len(episode_intervals(events)["generation"]) == 1  # without it: left out
+        assert len(parts["sandbox"]) == 2  # set-up and the command

@@ -188,6 +188,8 @@ class Agent:
         # Graders get their own threads: a finished trajectory's reward must not wait
         # behind the next round's commands (its release time is when the reward lands).
         self.graders = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grader")
+        # Episodes started and not yet handed out (generating, executing or being graded).
+        self._in_flight: dict[str, _Live] = {}
 
     # -- driver ----------------------------------------------------------------------------
     def run(self, specs: Sequence[EpisodeSpec]) -> list[Trajectory]:
@@ -215,7 +217,9 @@ class Agent:
         try:
             while pending or live or grading:
                 starting = _admitted(pending, max_live - len(live) if max_live else None, admit)
-                live.extend(self.pool.map(self._start, starting))
+                started = list(self.pool.map(self._start, starting))
+                self._in_flight.update((e.spec.trajectory_id, e) for e in started)
+                live.extend(started)
                 if before_round is not None:
                     before_round()
                 if live:
@@ -229,14 +233,23 @@ class Agent:
                     # ``admit`` holds specs back.
                     timeout = 0.0 if live else (0.05 if pending else None)
                     finished, grading = wait(grading, timeout, FIRST_COMPLETED)
-                    yield from (f.result() for f in finished)
+                    for future in finished:
+                        trajectory = future.result()
+                        self._in_flight.pop(trajectory.trajectory_id, None)
+                        yield trajectory
                 elif pending and not live:
                     time.sleep(0.01)
         finally:
+            self._in_flight.clear()
             for episode in live:
                 episode.sandbox.close()
             for future in grading:
                 future.cancel()
+
+    def in_flight_events(self) -> list[list[dict[str, Any]]]:
+        """The event lists so far of the episodes under way (started, not yet handed out):
+        what the rollout is doing now, for a step that closes while they run."""
+        return [list(episode.events) for episode in list(self._in_flight.values())]
 
     @staticmethod
     def _take_turns(live: list[_Live]) -> Iterator[TurnReady]:

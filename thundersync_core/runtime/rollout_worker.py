@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from thundersync_core.batch import Trajectory
 from thundersync_core.config import RolloutConfig
@@ -166,6 +167,10 @@ class RolloutWorker:
             if isinstance(event, TurnReady) and not emit_turns:
                 continue
             yield event
+
+    def in_flight_events(self) -> list[list[dict[str, Any]]]:
+        """Event lists of the episodes under way (see ``Agent.in_flight_events``)."""
+        return self.agent.in_flight_events()
 
     def memory_bytes(self) -> int:
         from thundersync_core.metrics import peak_rss_bytes  # noqa: PLC0415

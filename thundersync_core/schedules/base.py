@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,7 +178,11 @@ def timeline(
     learner: dict[str, Any],
     trajectories: Sequence[Trajectory],
     publication: tuple[float, float],
+    in_flight: Sequence[Sequence[Mapping[str, Any]]] = (),
 ) -> StepTimeline:
+    """The step's timeline from the learner's record and the rollouts' events:
+    ``trajectories`` finished, ``in_flight`` the event lists of episodes still under way at
+    ``end_s`` (a pipeline's next batches), whose intervals so far count as well."""
     line = StepTimeline(step=step, start_s=start_s, end_s=end_s, publication=publication)
     line.learner_done_s = float(learner["learner_done_s"])
     line.learner = [(float(a), float(b)) for a, b in learner["intervals"]]
@@ -191,4 +195,10 @@ def timeline(
         line.verify.extend(parts["grading"])
         gen, _verify = rollout_intervals((traj.metadata or {}).get("events") or [])
         line.rollout.extend(gen)
+    for episode in in_flight:
+        parts = episode_intervals(episode, open_until=end_s)
+        line.generation.extend(parts["generation"])
+        line.sandbox.extend(parts["sandbox"])
+        line.verify.extend(parts["grading"])
+        line.rollout.extend(parts["generation"] + parts["sandbox"])
     return line

@@ -59,13 +59,17 @@ def run(ctx: RunContext, start: int, end: int) -> None:
             learner = ray.get(ctx.roles.learner.step.remote(current))
             sent = time.time()
             ctx.roles.rollout.publish.remote(learner["weights"], learner["policy_version"])
+            # The next batches roll out during this step: theirs is rollout time as well.
+            in_flight = ray.get(ctx.roles.rollout.in_flight_events.remote())
+            later = [t for step, done in finished.items() if step > current for t in done]
             line = timeline(
                 current,
                 start_s=t0,
                 end_s=sent,
                 learner=learner,
-                trajectories=finished[current],
+                trajectories=finished[current] + later,
                 publication=(sent, sent),
+                in_flight=in_flight,
             )
             if not ctx.on_step(StepOutcome(current, line, learner, finished.pop(current))):
                 return

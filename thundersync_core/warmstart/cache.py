@@ -85,6 +85,7 @@ def _warm(
             steps=steps,
             lr=config.warm_start.lr,
             seed=config.seed,
+            compute_dtype=config.warm_start.compute_dtype,
             families=config.tasks.families or None,
             init_from=init_from,
         )
@@ -120,6 +121,8 @@ def warm_start_key(
         "seed": config.seed,
         "families": sorted(families or []),
     }
+    if config.warm_start.compute_dtype != "float32":  # keys made before the setting stay
+        settings["compute_dtype"] = config.warm_start.compute_dtype
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     if init_from is not None:
         _digest_files(digest, Path(init_from), "init_from")

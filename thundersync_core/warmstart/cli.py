@@ -47,6 +47,12 @@ def add_parser(sub: Any) -> None:
         help="drop tasks whose solution turn is longer (the rollout's tokens per turn)",
     )
     p.add_argument("--threads", default=2, type=int, help="torch CPU threads")
+    p.add_argument(
+        "--compute-dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="matrix products of the fine-tuning (bfloat16: autocast, float32 weights)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         lr=args.lr,
         batch_size=args.batch_size,
         seed=args.seed,
+        compute_dtype=args.compute_dtype,
         families=families,
         limit=args.limit,
         max_action_tokens=args.max_action_tokens,

@@ -95,6 +95,10 @@ class SFTConfig:
     grad_clip: float = 1.0
     seed: int = 0
     log_every: int = 25
+    #: The forward and backward's matrix products: ``bfloat16`` autocasts them (the weights,
+    #: AdamW state and the log-softmax stay float32), about 2x faster on CPUs with bf16
+    #: instructions; ``float32`` computes everything in float32.
+    compute_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every"):
@@ -102,6 +106,10 @@ class SFTConfig:
                 raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
             raise ValueError(f"SFTConfig.lr must be > 0, got {self.lr}")
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"SFTConfig.compute_dtype must be float32 or bfloat16, got {self.compute_dtype!r}"
+            )
 
 
 def example_tensors(trajectory: Trajectory) -> tuple[list[int], list[bool]]:
@@ -200,12 +208,15 @@ def _train_loop(
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config))
     batches = _batches(len(examples), config.batch_size, config.seed)
+    device = next(model.parameters()).device.type
+    autocast = config.compute_dtype == "bfloat16"
     model.train()
     losses: list[float] = []
     start = time.perf_counter()
     for step in range(config.steps):
         ids_BT, scored_BT = collate([examples[i] for i in next(batches)], pad_id)
-        loss = sft_loss(model, ids_BT, scored_BT)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            loss = sft_loss(model, ids_BT, scored_BT)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -234,6 +245,7 @@ def warm_start(
     lr: float = 3e-3,
     batch_size: int = 16,
     seed: int = 0,
+    compute_dtype: str = "float32",
     families: Sequence[str] | None = None,
     limit: int = 0,
     init_from: Path | None = None,
@@ -256,7 +268,9 @@ def warm_start(
     """
     start = time.perf_counter()
     log = log or _stderr
-    config = SFTConfig(steps=steps, lr=lr, batch_size=batch_size, seed=seed)
+    config = SFTConfig(
+        steps=steps, lr=lr, batch_size=batch_size, seed=seed, compute_dtype=compute_dtype
+    )
     agent_config = agent_config or AgentConfig()
     tasks = collect_tasks(task_roots, families=families, limit=limit)
     model, tokenizer = _initial_policy(preset, seed, init_from, tokenizer_from)
