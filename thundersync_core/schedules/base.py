@@ -188,17 +188,12 @@ def timeline(
     line.learner = [(float(a), float(b)) for a, b in learner["intervals"]]
     line.releases_s = [max(float(r), start_s) for r in learner["releases"]]
     line.optimizer = (line.learner_done_s - float(learner["barrier_s"]), line.learner_done_s)
-    for traj in trajectories:
-        parts = episode_intervals((traj.metadata or {}).get("events") or [])
+    finished = [((t.metadata or {}).get("events") or [], None) for t in trajectories]
+    for events, open_until in [*finished, *((e, end_s) for e in in_flight)]:
+        parts = episode_intervals(events, open_until=open_until)
         line.generation.extend(parts["generation"])
         line.sandbox.extend(parts["sandbox"])
         line.verify.extend(parts["grading"])
-        gen, _verify = rollout_intervals((traj.metadata or {}).get("events") or [])
+        gen, _verify = rollout_intervals(events)
         line.rollout.extend(gen)
-    for episode in in_flight:
-        parts = episode_intervals(episode, open_until=end_s)
-        line.generation.extend(parts["generation"])
-        line.sandbox.extend(parts["sandbox"])
-        line.verify.extend(parts["grading"])
-        line.rollout.extend(parts["generation"] + parts["sandbox"])
     return line
