@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
+import psutil
 import pytest
 import torch
 
@@ -121,3 +123,12 @@ def test_vllm_seeded_tokens_do_not_depend_on_batching(vllm_engine):
     shuffled = vllm_engine.generate(list(reversed(reqs)), SAMPLING)[::-1]
     assert [r.token_ids for r in alone] == [r.token_ids for r in batched]
     assert [r.token_ids for r in shuffled] == [r.token_ids for r in batched]
+
+
+def test_vllm_engine_core_process_is_found(vllm_engine):
+    """The engine watchdog and roles.json need the engine core's pid: one child process of
+    this one, the one vLLM titles ``VLLM::EngineCore``."""
+    [pid] = vllm_engine.engine_pids()
+    core = psutil.Process(pid)
+    assert core.ppid() == os.getpid()
+    assert core.name().startswith("VLLM::EngineCor")

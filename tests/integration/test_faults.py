@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -168,6 +169,12 @@ def test_a_killed_vllm_engine_core_is_restarted_and_the_run_ends_as_uninterrupte
         return out, summary
 
     whole, _ = run("whole", "sync", fault=False)
+    # The engine core is found (the fault below needs its pid), and it is gone with the run.
+    [engine_pid] = json.loads((whole / "roles.json").read_text())["engine"]
+    t0 = time.time()
+    while psutil.pid_exists(engine_pid) and psutil.Process(engine_pid).status() != "zombie":
+        assert time.time() - t0 < 20, f"engine core {engine_pid} outlived its run"
+        time.sleep(0.1)
     out, summary = run("faulted", "thundersync", fault=True)
     assert summary["status"] == "finished"
     [recovery] = summary["recoveries"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -116,14 +116,24 @@ class VLLMEngine:
         self.policy_version = version
 
     def engine_pids(self) -> list[int]:
-        """The engine core's process ids (children of this process named by vLLM)."""
+        """The engine core's process ids: the processes vLLM's client started, or else this
+        process's children titled ``VLLM::EngineCore`` by vLLM (matched on the kernel's
+        15-character name, as the full title, read from the command line, is not always
+        there to read)."""
         import psutil
 
-        return [
-            child.pid
-            for child in psutil.Process().children(recursive=True)
-            if child.name().startswith("VLLM::EngineCore")
-        ]
+        manager = self.llm
+        for attribute in ("llm_engine", "engine_core", "resources", "engine_manager"):
+            manager = getattr(manager, attribute, None)
+        started = [p.pid for p in getattr(manager, "processes", None) or [] if p.pid]
+        if started:
+            return started
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            with suppress(psutil.NoSuchProcess):
+                if child.name().startswith("VLLM::EngineCor"):
+                    found.append(child.pid)
+        return found
 
     def close(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
