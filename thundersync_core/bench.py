@@ -11,8 +11,11 @@ slow drift of the machine favours neither.
 
 Printed and written (``--out``): per schedule the step wall times, learner idle fractions
 and tails; the median sync/thundersync step-time ratio; thundersync's tail as a fraction of
-sync's post-rollout learner time; and the performance model's prediction from each
-thundersync step's release trace, with its error against the measured ratio.
+sync's post-rollout learner time; the speedup's geometric mean with a 95% interval, raw and
+schedule-attributable (thundersync given sync's rollout stage of the same batch), and a sign
+test of the two rollout stages; and the performance model's prediction of each step's
+speedup from sync's release trace alone (out of sample), with its error
+(predicted - measured) / measured.
 
 A sweep (``run_sweep``) keeps the roles up and measures several points of one setting that
 only the drivers read (``rollout.max_live_episodes``: how many episodes roll out at once,
@@ -187,8 +190,8 @@ def sweep_summary(key: str, points: list[dict[str, Any]]) -> dict[str, Any]:
                 "balance_rho": point["balance_rho"],
                 "predicted_speedup": predicted,
                 "measured_speedup": measured,
-                # As the paper states it: how far the measured speedup falls from the trace's.
-                "error": (measured - predicted) / predicted,
+                # One convention throughout: (predicted - measured) / measured.
+                "error": (predicted - measured) / measured,
             }
         )
     return {
@@ -211,6 +214,7 @@ def _collector(into: list[StepOutcome]) -> Any:
 def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) -> dict[str, Any]:
     from thundersync_core.perfmodel import predict_from_trace  # noqa: PLC0415
     from thundersync_core.recording import release_trace  # noqa: PLC0415
+    from thundersync_core.stats import ratio_interval, sign_test  # noqa: PLC0415
 
     per: dict[str, dict[str, Any]] = {}
     for schedule, items in outcomes.items():
@@ -230,22 +234,47 @@ def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) ->
         if s > 0
     ]
     predictions = []
-    for k, outcome in enumerate(outcomes["thundersync"]):
-        trace = release_trace(outcome)
-        measured = ratios[k]
-        trace["measured"] = {
-            "sync_step_s": sync["step_wall_s"][k],
-            "thundersync_step_s": stream["step_wall_s"][k],
-        }
-        predicted = float(predict_from_trace(trace)["predicted_speedup"])
+    for k, outcome in enumerate(outcomes["sync"]):
+        # Out of sample: thundersync's step is predicted from sync's release trace (when
+        # its rewards landed, what each source cost its learner); nothing measured under
+        # thundersync goes in.
+        model = predict_from_trace(release_trace(outcome))
+        predicted = float(model["predicted_speedup"])
+        predicted_step = float(model["thundersync"]["step_s"])
+        measured_step = stream["step_wall_s"][k]
         predictions.append(
             {
                 "step": k,
                 "predicted": predicted,
-                "measured": measured,
-                "error": predicted / measured - 1.0,
+                "measured": ratios[k],
+                "error": (predicted - ratios[k]) / ratios[k],
+                "thundersync_step_predicted_s": predicted_step,
+                "thundersync_step_error": (predicted_step - measured_step) / measured_step,
             }
         )
+    # The schedule changes what the learner does during and after the rollout stage, not
+    # the rollout itself: on the same batches the stages should agree. The sign test says
+    # whether one schedule's stage was longer more often than chance allows; the
+    # schedule-attributable speedup gives thundersync sync's rollout stage, step by step.
+    test = sign_test(sync["rollout_stage_s"], stream["rollout_stage_s"])
+    rollout_check = {
+        "sync_longer": test["a_larger"],
+        "thundersync_longer": test["b_larger"],
+        "sign_test_p": test["p_value"],
+        "median_sync_over_thundersync": statistics.median(
+            a / b for a, b in zip(sync["rollout_stage_s"], stream["rollout_stage_s"], strict=True)
+        ),
+    }
+    attributable = [
+        s_step / (t_step - t_roll + s_roll)
+        for s_step, t_step, s_roll, t_roll in zip(
+            sync["step_wall_s"],
+            stream["step_wall_s"],
+            sync["rollout_stage_s"],
+            stream["rollout_stage_s"],
+            strict=True,
+        )
+    ]
     mean_rho = statistics.mean(
         b / r for b, r in zip(sync["learner_busy_s"], sync["rollout_stage_s"], strict=True) if r > 0
     )
@@ -260,6 +289,11 @@ def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) ->
         "schedules": per,
         "step_time_ratio": ratios,
         "median_sync_over_thundersync": statistics.median(ratios),
+        # sync step / thundersync step: geometric mean over steps with its 95% interval.
+        "speedup": ratio_interval(ratios),
+        "schedule_attributable_step_time_ratio": attributable,
+        "schedule_attributable_speedup": ratio_interval(attributable),
+        "rollout_stage_sync_vs_thundersync": rollout_check,
         "median_learner_idle_fraction": {
             s: statistics.median(v["learner_idle_fraction"]) for s, v in per.items()
         },

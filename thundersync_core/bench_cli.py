@@ -53,7 +53,29 @@ def run(args: argparse.Namespace) -> int:
         f"{tail['thundersync']:.2f}s ({report['median_tail_fraction_of_sync']:.1%} of sync's "
         f"post-rollout learner time); balance rho {report['balance_rho']:.2f}"
     )
+    check = report["rollout_stage_sync_vs_thundersync"]
+    print(
+        f"speedup {_interval(report['speedup'])}; schedule-attributable (thundersync given "
+        f"sync's rollout stage) {_interval(report['schedule_attributable_speedup'])}; rollout "
+        f"stage sync/thundersync median {check['median_sync_over_thundersync']:.3f}, sync "
+        f"longer in {check['sync_longer']} of {report['steps']} steps (sign test "
+        f"p={check['sign_test_p']:.2f})"
+    )
+    errors = [p["error"] for p in report["perfmodel"]]
+    print(
+        "predicted from sync's release trace: "
+        + ", ".join(f"{p['predicted']:.2f}x" for p in report["perfmodel"])
+        + f" (errors {', '.join(f'{e:+.1%}' for e in errors)})"
+    )
     return 0
+
+
+def _interval(figure: dict[str, Any]) -> str:
+    """``1.62x [1.55, 1.70]``: a geometric mean and its 95% interval when there is one."""
+    text = f"{figure['geometric_mean']:.2f}x"
+    if figure["low"] is not None:
+        text += f" [95% CI {figure['low']:.2f}, {figure['high']:.2f}]"
+    return text
 
 
 def _write(path: Path | None, report: dict[str, Any]) -> None:

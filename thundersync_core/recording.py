@@ -76,6 +76,19 @@ class StepRecorder:
             handle.write(json.dumps(record) + "\n")
 
 
+def off_policy_correction(config: TrainConfig) -> str:
+    """What the update applies to a stale sample: ``none`` (sync, thundersync: no sample is
+    stale), ``truncated_is`` (async, pipeline: each token's term weighted by
+    min(pi/mu, is_clip)), ``exact_kl`` (async, pipeline with OPD's teacher top-k: the KL at
+    a visited position is taken over the vocabulary, which does not depend on the sampled
+    token, so no weight is applied; ``is_weight_mean`` reports what the weights would be)."""
+    if config.schedule not in ("async", "pipeline"):
+        return "none"
+    if config.objective == "opd" and config.opd_teacher_top_k:
+        return "exact_kl"
+    return "truncated_is"
+
+
 def step_record(
     config: TrainConfig, outcome: StepOutcome, devices: int, rollout_bytes: int
 ) -> dict[str, Any]:
@@ -106,6 +119,7 @@ def step_record(
         "policy_version": learner["policy_version"],
         "staleness_tokens": staleness_tokens(learner["token_versions"], version),
         "inflight_swaps": inflight_swaps(outcome.trajectories),
+        "off_policy_correction": off_policy_correction(config),
         "is_weight_mean": (
             learner["is_stats"]["weight_sum"] / learner["is_stats"]["tokens"]
             if learner["is_stats"]["tokens"]

@@ -85,14 +85,22 @@ def _stop_on_sigterm(stop: threading.Event) -> Any:
 
 
 # -- the run -------------------------------------------------------------------------------
-def evaluate_pass_rate(rollout: Any, task_ids: Sequence[str], samples: int) -> dict[str, Any]:
-    """Pass rate of the engine's current policy on ``task_ids`` (``samples`` each).
+def evaluate_pass_rate(
+    rollout: Any, task_ids: Sequence[str], samples: int, *, version: int | None = None
+) -> dict[str, Any]:
+    """Pass rate of the engine's policy on ``task_ids`` (``samples`` each), once a queued
+    publication is applied; with ``version`` given, the engine must hold that version.
 
     The trajectory ids, hence the sampling seeds, are the same at every evaluation, so two
     evaluations of a run differ only by the policy (common random numbers).
     """
     import ray  # noqa: PLC0415
 
+    held = ray.get(rollout.settle.remote())
+    if version is not None and held != version:
+        raise TrainingError(
+            f"dev evaluation: the engine holds policy version {held}, the learner {version}"
+        )
     specs = [RolloutSpec(t, f"dev-{t}", f"dev-{t}/{i}") for t in task_ids for i in range(samples)]
     stream = rollout.rollout.options(num_returns="streaming").remote(specs)
     trajectories = [t for t in (ray.get(ref) for ref in stream) if isinstance(t, Trajectory)]
@@ -100,6 +108,7 @@ def evaluate_pass_rate(rollout: Any, task_ids: Sequence[str], samples: int) -> d
     for t in trajectories:
         per_task[t.group_id.removeprefix("dev-")] += t.reward >= 1.0
     return {
+        "policy_version": held,
         "pass_rate": sum(per_task.values()) / len(trajectories) if trajectories else 0.0,
         "reward_mean": sum(t.reward for t in trajectories) / max(len(trajectories), 1),
         "tasks": len(task_ids),
@@ -240,7 +249,10 @@ def train(
         _raise_if_preempted(stop, steps, config, out, summary)
         if dev_ids:
             summary["dev_after"] = evaluate_pass_rate(
-                crew.roles.rollout, dev_ids, config.tasks.dev_samples
+                crew.roles.rollout,
+                dev_ids,
+                config.tasks.dev_samples,
+                version=ray.get(crew.roles.learner.version.remote()),
             )
             print(f"[dev after] {json.dumps(summary['dev_after'])}", flush=True)
         summary |= {"status": "finished", "steps": steps}

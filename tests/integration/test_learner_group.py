@@ -21,7 +21,7 @@ from thundersync_core.policy.io import load_model
 from thundersync_core.runtime.learner_group import LearnerGroup
 from thundersync_core.runtime.learner_worker import LearnerWorker
 from thundersync_core.runtime.placement import remote_role
-from thundersync_core.streaming import groups_of
+from thundersync_core.streaming import LearnerRefusal, groups_of
 
 pytestmark = pytest.mark.integration
 
@@ -104,3 +104,20 @@ def test_two_rank_group_takes_the_single_process_step(ray_session, micro_model_d
     for name, param in resumed.model.named_parameters():
         assert torch.equal(param.detach(), after_group[name]), name
     ray.kill(group)
+
+
+def test_weights_are_not_published_mid_batch(micro_model_dir, tmp_path):
+    """The runtime's publication (``weights_and_version``) is refused between begin and the
+    step, as ``WeightPublisher`` refuses it in process."""
+    batch = random_batch(seed=3, vocab=1024, n_groups=1, group_size=2)
+    learner = LearnerWorker(micro_model_dir, config_for(1), publish_dir=tmp_path / "pub")
+    assert learner.weights_and_version()[1] == 0
+    learner.begin({g: (s.prompt_ids, s.size) for g, s in groups_of(batch).items()})
+    learner.submit(batch[0], None)
+    with pytest.raises(LearnerRefusal, match="refusing to publish weights version 0: a batch"):
+        learner.weights_and_version()
+    learner.submit(batch[1], None)
+    learner.step(0)
+    path, version = learner.weights_and_version()
+    assert version == 1
+    assert load_file(path).keys() == load_file(str(micro_model_dir / "model.safetensors")).keys()

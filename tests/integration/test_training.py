@@ -32,6 +32,7 @@ from tests.helpers import checkpoint_weights, max_rel_diff, train_config_file
 from thundersync_core.batch import read_batch
 from thundersync_core.config import load_config
 from thundersync_core.policy import build_model, build_tokenizer, save_policy
+from thundersync_core.rollout.vllm_engine import vllm_available
 from thundersync_core.rollout.weights import publication_root
 from thundersync_core.train import TrainingError, train
 from thundersync_core.train_cli import PREEMPTED_EXIT
@@ -336,10 +337,15 @@ def test_non_finite_teacher_scores_stop_the_run_and_keep_checkpoints(
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
 
 
-@pytest.mark.parametrize(("schedule", "objective"), [("async", "grpo"), ("pipeline", "opd")])
+@pytest.mark.parametrize(
+    ("schedule", "objective", "engine"),
+    [("async", "grpo", "hf"), ("pipeline", "opd", "hf"), ("pipeline", "grpo", "vllm")],
+)
 def test_off_policy_schedules_record_bounded_staleness(
-    tmp_path, tiny_prep_dir, solver_policy_dir, schedule, objective
+    tmp_path, tiny_prep_dir, solver_policy_dir, schedule, objective, engine
 ):
+    if engine == "vllm" and not vllm_available():
+        pytest.skip("vLLM is not installed")
     config = train_config_file(
         tmp_path,
         tiny_prep_dir,
@@ -348,8 +354,16 @@ def test_off_policy_schedules_record_bounded_staleness(
         objective=objective,
         steps=3,
         max_staleness=1,
+        rollout__engine=engine,
+        tasks__dev_tasks=2,
+        tasks__dev_samples=1,
     )
-    train(load_config(config), tmp_path / "run")
+    summary = train(load_config(config), tmp_path / "run")
+    # The dev evaluation after training samples the last step's weights (the pipeline's
+    # last publication is queued, not swapped: it is applied first).
+    assert summary["dev_after"]["policy_version"] == 3
+    # The run's published weight files (under /dev/shm) are gone with it.
+    assert not list(publication_root().glob(f"thundersync-publish-*-{os.getpid()}-run-*"))
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     assert [r["policy_version"] for r in records] == [1, 2, 3]
@@ -380,6 +394,12 @@ def test_the_bench_runs_both_schedules_on_the_same_batches(
     assert report["steps"] == 2
     assert set(report["schedules"]) == {"sync", "thundersync"}
     assert all(r > 0 for r in report["step_time_ratio"])
+    speedup = report["speedup"]
+    assert speedup["low"] <= speedup["geometric_mean"] <= speedup["high"]
+    assert report["schedule_attributable_speedup"]["geometric_mean"] > 0
+    check = report["rollout_stage_sync_vs_thundersync"]
+    assert check["sync_longer"] + check["thundersync_longer"] <= 2
+    assert [p["step"] for p in report["perfmodel"]] == [0, 1]
     assert json.loads((tmp_path / "bench" / "bench.json").read_text()) == report
     # The bench's learners and their weight files are gone once it ends.
     assert not list(publication_root().glob(f"thundersync-publish-*-{os.getpid()}-bench-*"))

@@ -24,12 +24,12 @@ def test_sweep_summary_takes_the_median_prediction_and_signed_errors() -> None:
     points = [_point(4, [1.0, 2.0, 1.5], 1.2, 0.5), _point(8, [1.6], 2.0, 1.1)]
     report = sweep_summary("rollout.max_live_episodes", points)
     first, second = report["points"]
-    # Median of the per-step predictions, error relative to the prediction.
+    # Median of the per-step predictions; error (predicted - measured) / measured.
     assert first["predicted_speedup"] == 1.5
-    assert first["error"] == pytest.approx((1.2 - 1.5) / 1.5)
-    assert second["error"] == pytest.approx(0.25)
-    assert report["mean_absolute_error"] == pytest.approx((0.2 + 0.25) / 2)
-    assert report["mean_error"] == pytest.approx((-0.2 + 0.25) / 2)
+    assert first["error"] == pytest.approx((1.5 - 1.2) / 1.2)
+    assert second["error"] == pytest.approx(-0.2)
+    assert report["mean_absolute_error"] == pytest.approx((0.25 + 0.2) / 2)
+    assert report["mean_error"] == pytest.approx((0.25 - 0.2) / 2)
     assert [r["value"] for r in report["points"]] == [4, 8]
 
 
@@ -62,3 +62,54 @@ def test_predicted_vs_measured_plot_is_written(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no points"):
         plot_predicted_vs_measured([], tmp_path / "empty.png")
+
+
+def _outcome(step: int, releases: list[float], learner: list[tuple[float, float]], wall: float):
+    from thundersync_core.metrics import StepTimeline  # noqa: PLC0415
+    from thundersync_core.schedules.base import StepOutcome  # noqa: PLC0415
+
+    done = wall - 0.1
+    timeline = StepTimeline(
+        step=step,
+        start_s=100.0,
+        end_s=100.0 + wall,
+        learner_done_s=100.0 + done,
+        releases_s=[100.0 + r for r in releases],
+        learner=[(100.0 + a, 100.0 + b) for a, b in learner],
+        rollout=[(100.0, 100.0 + max(releases))],
+        publication=(100.0 + done, 100.0 + wall),
+    )
+    services = [
+        {"id": f"g/{i}", "release_s": 100.0 + r, "service_s": b - a}
+        for i, (r, (a, b)) in enumerate(zip(releases, learner, strict=True))
+    ]
+    return StepOutcome(step, timeline, {"services": services, "barrier_s": 0.5})
+
+
+def test_bench_report_predicts_from_sync_alone_and_tests_the_rollout_stages() -> None:
+    """Sync: four 1 s sources released at 1..4 s, run after the last, barrier 0.5 s and
+    publication 0.1 s (8.6 s). Thundersync on the same batch: its last reward at 4.4 s
+    (rollout stage 10% longer), work as it lands (6.0 s)."""
+    from thundersync_core.bench import bench_report  # noqa: PLC0415
+
+    sync = [_outcome(k, [1, 2, 3, 4], [(4, 5), (5, 6), (6, 7), (7, 8)], 8.6) for k in range(2)]
+    stream = [
+        _outcome(k, [1, 2, 3, 4.4], [(1, 2), (2, 3), (3, 4), (4.4, 5.4)], 6.0) for k in range(2)
+    ]
+    report = bench_report(load_config(None), {"sync": sync, "thundersync": stream})
+    measured = 8.6 / 6.0
+    assert report["step_time_ratio"] == pytest.approx([measured, measured])
+    assert report["speedup"]["geometric_mean"] == pytest.approx(measured)
+    # Thundersync given sync's 4.0 s rollout stage: 6.0 - 4.4 + 4.0 = 5.6 s.
+    assert report["schedule_attributable_speedup"]["geometric_mean"] == pytest.approx(8.6 / 5.6)
+    check = report["rollout_stage_sync_vs_thundersync"]
+    assert (check["sync_longer"], check["thundersync_longer"]) == (0, 2)
+    assert check["sign_test_p"] == pytest.approx(0.5)
+    assert check["median_sync_over_thundersync"] == pytest.approx(4.0 / 4.4)
+    # The model sees sync's trace only: FIFO over releases 1..4 of 1 s each ends at 5, plus
+    # the 0.6 s suffix; sync's own step 4 + 4 + 0.6. Measured thundersync does not enter.
+    [first, _] = report["perfmodel"]
+    assert first["thundersync_step_predicted_s"] == pytest.approx(5.6)
+    assert first["predicted"] == pytest.approx(8.6 / 5.6)
+    assert first["error"] == pytest.approx((8.6 / 5.6 - measured) / measured)
+    assert first["thundersync_step_error"] == pytest.approx((5.6 - 6.0) / 6.0)

@@ -268,3 +268,29 @@ def test_a_shared_dev_before_must_have_measured_the_same_thing(tmp_path: Path) -
         shared_dev_before(summary, key)
     with pytest.raises(ValueError, match=r"not a readable summary\.json"):
         shared_dev_before(tmp_path / "missing.json", key)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "objective", "top_k", "expected"),
+    [
+        ("sync", "grpo", 0, "none"),
+        ("thundersync", "opd", 16, "none"),
+        ("async", "grpo", 0, "truncated_is"),
+        ("pipeline", "opd", 0, "truncated_is"),
+        ("async", "opd", 16, "exact_kl"),
+        ("pipeline", "opd", 16, "exact_kl"),
+    ],
+)
+def test_the_step_record_names_the_correction_the_learner_applies(
+    micro32, schedule, objective, top_k, expected
+) -> None:
+    from thundersync_core.config import TrainConfig  # noqa: PLC0415
+    from thundersync_core.recording import off_policy_correction  # noqa: PLC0415
+    from thundersync_core.runtime.learner_worker import build_learner  # noqa: PLC0415
+
+    config = TrainConfig(schedule=schedule, objective=objective, opd_teacher_top_k=top_k)
+    assert off_policy_correction(config) == expected
+    learner = build_learner(config, micro32, 0)
+    # Weights are computed only off-policy; the top-k KL leaves them out of its loss.
+    assert (learner.is_clip is not None) == (expected != "none")
+    assert bool(getattr(learner, "teacher_top_k", 0)) == (expected == "exact_kl" or top_k > 0)

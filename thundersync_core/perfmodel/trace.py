@@ -19,7 +19,10 @@ after the last release) and the learner idle fraction, 1 - (sum of service + ran
 / (ranks·step): the share of rank-time spent neither on sources nor on the suffix.
 
 With ``measured``: predicted speedup = sync/thundersync predicted steps, measured speedup
-from the measured steps, relative error = (measured - predicted) / predicted.
+from the measured steps, relative error = (predicted - measured) / measured (the one
+convention of the bench and the sweep too). A sync step's trace predicts thundersync out of
+sample: it holds the release times and the learner's per-source times, measured without
+thundersync running.
 
 The analytic cross-check uses, per rank, rho_r = (rank work)/R and the rank's release lag
 D_r behind uniform release over [rollout_start, t_max] (units of R), and reports the tail
@@ -186,10 +189,12 @@ def predict_from_trace(trace: dict[str, Any]) -> dict[str, Any]:
         out["measured"] = {
             **measured,
             "speedup": speedup,
-            "speedup_relative_error": (speedup - predicted) / predicted,
-            "sync_step_relative_error": (measured["sync_step_s"] - sync_step_s) / sync_step_s,
+            "speedup_relative_error": (predicted - speedup) / speedup,
+            "sync_step_relative_error": (sync_step_s - measured["sync_step_s"])
+            / measured["sync_step_s"],
             "thundersync_step_relative_error": (
-                (measured["thundersync_step_s"] - thundersync_step_s) / thundersync_step_s
+                (thundersync_step_s - measured["thundersync_step_s"])
+                / measured["thundersync_step_s"]
             ),
         }
     return out

@@ -122,7 +122,7 @@ class VLLMEngine:
         there to read)."""
         import psutil
 
-        manager = self.llm
+        manager: Any = self.llm
         for attribute in ("llm_engine", "engine_core", "resources", "engine_manager"):
             manager = getattr(manager, attribute, None)
         started = [p.pid for p in getattr(manager, "processes", None) or [] if p.pid]

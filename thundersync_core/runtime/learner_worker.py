@@ -273,7 +273,13 @@ class LearnerWorker:
         return path
 
     def weights_and_version(self) -> tuple[str, int]:
-        """The current weights written for publication, and their version."""
+        """The current weights written for publication, and their version; refused between
+        ``begin`` and the step, where a batch's gradients are still being summed."""
+        if self.learner.in_batch:
+            raise LearnerRefusal(
+                f"refusing to publish weights version {self.learner.policy_version}: a batch "
+                "is in progress (between begin and its step)"
+            )
         return str(self._write_weights()), self.learner.policy_version
 
     # -- checkpoints -----------------------------------------------------------------------

@@ -6,9 +6,11 @@ sampled action (OPD sends it to the teacher) and each graded ``Trajectory``. Eve
 records the policy version of the weights that sampled it.
 
 Weights arrive two ways. ``load_weights`` swaps them at once (between batches: sync,
-thundersync, one-step-off). ``publish`` queues them and the agent swaps them before its
-next generation round, mid-trajectory (pipeline's in-flight updates); the actor runs with
-two threads so ``publish`` lands while ``rollout`` is streaming.
+thundersync, one-step-off) and is refused while a rollout is under way, so a batch that
+must be sampled by one version never sees two. ``publish`` queues them and the agent swaps
+them before its next generation round, mid-trajectory (pipeline's in-flight updates); the
+actor runs with two threads so ``publish`` lands while ``rollout`` is streaming. ``settle``
+applies a queued publication with no rollout under way (before an evaluation).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from thundersync_core.config import RolloutConfig
 from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, TurnReady
 from thundersync_core.rollout.engine import SamplingConfig
 from thundersync_core.runtime.placement import pin_to_cores
+from thundersync_core.streaming.base import LearnerRefusal
 
 
 @dataclass(frozen=True)
@@ -86,14 +89,22 @@ class RolloutWorker:
         self._pending: tuple[Path, int] | None = None
         self._engine_pids = self.engine_pids()
         self._lock = threading.Lock()
+        self._rollouts = 0  # rollout streams under way
         self.weight_swaps: list[tuple[int, float, float]] = []
 
     # -- weights ---------------------------------------------------------------------------
     def load_weights(self, path: str, version: int) -> float:
-        """Swap weights now (no rollout in flight); returns when the engine has them."""
-        t0 = time.time()
-        self.engine.load_weights(Path(path), version)
-        self.weight_swaps.append((version, t0, time.time()))
+        """Swap weights now; returns when the engine has them. Refused while a rollout is
+        under way: weights reach episodes in flight only through ``publish``."""
+        with self._lock:
+            if self._rollouts:
+                raise LearnerRefusal(
+                    f"refusing to load weights version {version} into the engine: a rollout "
+                    f"is under way ({len(self.agent.in_flight_events())} episodes in flight, "
+                    f"sampled by version {self.engine.policy_version}); publish() queues "
+                    "weights for an in-flight update"
+                )
+            self._swap(Path(path), version)
         return time.time()
 
     def publish(self, path: str, version: int) -> None:
@@ -101,11 +112,26 @@ class RolloutWorker:
         with self._lock:
             self._pending = (Path(path), version)
 
+    def settle(self) -> int:
+        """Apply queued weights now (no rollout may be under way); the engine's version."""
+        with self._lock:
+            if self._rollouts:
+                raise LearnerRefusal("settle: a rollout is under way")
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self._swap(*pending)
+        return self.engine.policy_version
+
     def _apply_pending(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
-            self.load_weights(str(pending[0]), pending[1])
+            self._swap(*pending)
+
+    def _swap(self, path: Path, version: int) -> None:
+        t0 = time.time()
+        self.engine.load_weights(path, version)
+        self.weight_swaps.append((version, t0, time.time()))
 
     def pid(self) -> int:
         """This role's process id (roles.json in the run folder lists them)."""
@@ -161,12 +187,18 @@ class RolloutWorker:
                 return True
             return self.engine.policy_version >= by_id[episode.trajectory_id].batch - max_staleness
 
-        for event in self.agent.stream(
-            episodes, max_live=max_live, admit=admit, before_round=self._apply_pending
-        ):
-            if isinstance(event, TurnReady) and not emit_turns:
-                continue
-            yield event
+        with self._lock:
+            self._rollouts += 1
+        try:
+            for event in self.agent.stream(
+                episodes, max_live=max_live, admit=admit, before_round=self._apply_pending
+            ):
+                if isinstance(event, TurnReady) and not emit_turns:
+                    continue
+                yield event
+        finally:
+            with self._lock:
+                self._rollouts -= 1
 
     def in_flight_events(self) -> list[list[dict[str, Any]]]:
         """Event lists of the episodes under way (see ``Agent.in_flight_events``)."""

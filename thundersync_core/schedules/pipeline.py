@@ -5,7 +5,8 @@ policy version is at least b - max_staleness (rollouts are held back when the le
 behind). Every action records the version that sampled it, so a trajectory may span
 versions; the learner admits a lag up to max_staleness and applies truncated importance
 weights per token. When batch b's last source is in, the learner steps and the new weights
-are queued for the engine's next round (no wait for the rollouts in flight).
+are queued for the engine's next round (no wait for the rollouts in flight); an evaluation
+after the run applies the last queued weights first.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def run(ctx: RunContext, start: int, end: int) -> None:
             _hand_over(ctx, waiting.pop(current, []))
             learner = ray.get(ctx.roles.learner.step.remote(current))
             sent = time.time()
-            ctx.roles.rollout.publish.remote(learner["weights"], learner["policy_version"])
+            # Queued for the engine's next round; awaited (a moment), so that nothing sent
+            # to the rollout role later, an evaluation above all, can overtake it.
+            ray.get(ctx.roles.rollout.publish.remote(learner["weights"], learner["policy_version"]))
             # The next batches roll out during this step: theirs is rollout time as well.
             in_flight = ray.get(ctx.roles.rollout.in_flight_events.remote())
             later = [t for step, done in finished.items() if step > current for t in done]
