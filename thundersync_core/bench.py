@@ -203,6 +203,21 @@ def sweep_summary(key: str, points: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _same_samples(a: Sequence[Any], b: Sequence[Any]) -> float | None:
+    """Share of ``a``'s trajectories whose action tokens ``b`` has identically (same id)."""
+
+    def tokens(trajectories: Sequence[Any]) -> dict[str, tuple[int, ...]]:
+        return {
+            t.trajectory_id: tuple(i for s in t.segments if s.kind == "action" for i in s.ids)
+            for t in trajectories
+        }
+
+    mine, theirs = tokens(a), tokens(b)
+    if not mine:
+        return None
+    return sum(theirs.get(k) == v for k, v in mine.items()) / len(mine)
+
+
 def _collector(into: list[StepOutcome]) -> Any:
     def collect(outcome: StepOutcome) -> bool:
         into.append(outcome)
@@ -225,6 +240,21 @@ def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) ->
             "learner_tail_s": [x["learner_tail_s"] for x in lines],
             "rollout_stage_s": [x["rollout_stage_s"] for x in lines],
             "learner_busy_s": [x["learner_busy_s"] for x in lines],
+            # Where a difference of the rollout stages comes from: the parts of the step
+            # before the last reward, and how many tokens the batch sampled.
+            **{
+                f"wall_{part}_s": [x[f"wall_{part}_s"] for x in lines]
+                for part in ("generation", "grading", "sandbox")
+            },
+            "generated_tokens": [
+                sum(
+                    len(seg.ids)
+                    for t in o.trajectories
+                    for seg in t.segments
+                    if seg.kind == "action"
+                )
+                for o in items
+            ],
         }
     sync, stream = per["sync"], per["thundersync"]
     ratios = [a / b for a, b in zip(sync["step_wall_s"], stream["step_wall_s"], strict=True)]
@@ -257,10 +287,17 @@ def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) ->
     # whether one schedule's stage was longer more often than chance allows; the
     # schedule-attributable speedup gives thundersync sync's rollout stage, step by step.
     test = sign_test(sync["rollout_stage_s"], stream["rollout_stage_s"])
+    # Same batches, same seeds, (nearly) the same weights: the share of trajectories whose
+    # sampled tokens are identical under both schedules.
+    same_samples = [
+        _same_samples(a.trajectories, b.trajectories)
+        for a, b in zip(outcomes["sync"], outcomes["thundersync"], strict=True)
+    ]
     rollout_check = {
         "sync_longer": test["a_larger"],
         "thundersync_longer": test["b_larger"],
         "sign_test_p": test["p_value"],
+        "same_samples_fraction": same_samples,
         "median_sync_over_thundersync": statistics.median(
             a / b for a, b in zip(sync["rollout_stage_s"], stream["rollout_stage_s"], strict=True)
         ),

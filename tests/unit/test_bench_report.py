@@ -113,3 +113,17 @@ def test_bench_report_predicts_from_sync_alone_and_tests_the_rollout_stages() ->
     assert first["predicted"] == pytest.approx(8.6 / 5.6)
     assert first["error"] == pytest.approx((8.6 / 5.6 - measured) / measured)
     assert first["thundersync_step_error"] == pytest.approx((5.6 - 6.0) / 6.0)
+
+
+def test_same_samples_compares_action_tokens_by_trajectory_id() -> None:
+    from thundersync_core.batch import Segment, Trajectory  # noqa: PLC0415
+    from thundersync_core.bench import _same_samples  # noqa: PLC0415
+
+    def traj(tid: str, tokens: list[int]) -> Trajectory:
+        segments = (Segment.action(tokens), Segment.observation([9, 9]))
+        return Trajectory("g", tid, (1,), segments, 0.0)
+
+    a = [traj("g/0", [1, 2]), traj("g/1", [3]), traj("g/2", [4])]
+    b = [traj("g/2", [4]), traj("g/0", [1, 2]), traj("g/1", [3, 5])]
+    assert _same_samples(a, b) == pytest.approx(2 / 3)
+    assert _same_samples([], b) is None
