@@ -227,6 +227,7 @@ def _collector(into: list[StepOutcome]) -> Any:
 
 
 def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) -> dict[str, Any]:
+    from thundersync_core.metrics import generated_tokens  # noqa: PLC0415
     from thundersync_core.perfmodel import predict_from_trace  # noqa: PLC0415
     from thundersync_core.recording import release_trace  # noqa: PLC0415
     from thundersync_core.stats import ratio_interval, sign_test  # noqa: PLC0415
@@ -246,15 +247,7 @@ def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) ->
                 f"wall_{part}_s": [x[f"wall_{part}_s"] for x in lines]
                 for part in ("generation", "grading", "sandbox")
             },
-            "generated_tokens": [
-                sum(
-                    len(seg.ids)
-                    for t in o.trajectories
-                    for seg in t.segments
-                    if seg.kind == "action"
-                )
-                for o in items
-            ],
+            "generated_tokens": [generated_tokens(o.trajectories) for o in items],
         }
     sync, stream = per["sync"], per["thundersync"]
     ratios = [a / b for a, b in zip(sync["step_wall_s"], stream["step_wall_s"], strict=True)]

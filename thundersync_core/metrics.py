@@ -107,6 +107,11 @@ def turn_token_versions(traj: Trajectory) -> list[tuple[int, int]]:
     return [(int(v), sum(seg.scored)) for v, seg in zip(versions, actions, strict=False)]
 
 
+def generated_tokens(trajectories: Iterable[Trajectory]) -> int:
+    """Tokens the engine sampled for ``trajectories`` (their action segments)."""
+    return sum(len(s.ids) for t in trajectories for s in t.segments if s.kind == "action")
+
+
 def inflight_swaps(trajectories: Iterable[Trajectory]) -> int:
     """Trajectories that new weights reached mid-trajectory: their turns were sampled by
     more than one policy version (the pipeline schedule's in-flight updates)."""

@@ -14,7 +14,7 @@ from typing import Any
 from thundersync_core.batch import trajectory_to_json
 from thundersync_core.checkpoint import due
 from thundersync_core.config import TrainConfig
-from thundersync_core.metrics import inflight_swaps, staleness_tokens
+from thundersync_core.metrics import generated_tokens, inflight_swaps, staleness_tokens
 from thundersync_core.schedules.base import StepOutcome
 
 __all__ = ["StepRecorder", "release_trace", "step_record", "steps_recorded", "truncate_metrics"]
@@ -96,9 +96,7 @@ def step_record(
     learner = outcome.learner
     summary = outcome.timeline.summary()
     rewards = [t.reward for t in outcome.trajectories]
-    generated = sum(
-        len(s.ids) for t in outcome.trajectories for s in t.segments if s.kind == "action"
-    )
+    generated = generated_tokens(outcome.trajectories)
     wall = summary["step_wall_s"]
     version = int(learner["trained_version"])
     return {
