@@ -15,7 +15,10 @@ sync's post-rollout learner time; the speedup's geometric mean with a 95% interv
 schedule-attributable (thundersync given sync's rollout stage of the same batch), and a sign
 test of the two rollout stages; and the performance model's prediction of each step's
 speedup from sync's release trace alone (out of sample), with its error
-(predicted - measured) / measured.
+(predicted - measured) / measured. Before the measured steps the bench measures the
+contention the model applies (``measure_contention``; GRPO): how much slower the learner
+serves fixed sources beside a rollout than alone, without running thundersync (how much
+longer a rollout runs beside a working learner is recorded too, not applied).
 
 A sweep (``run_sweep``) keeps the roles up and measures several points of one setting that
 only the drivers read (``rollout.max_live_episodes``: how many episodes roll out at once,
@@ -29,6 +32,8 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
+import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +43,8 @@ from thundersync_core.config import TrainConfig
 from thundersync_core.schedules.base import StepOutcome
 
 BENCH_SCHEDULES = ("sync", "thundersync")
+#: The measured contention factors the predictions apply (``measure_contention``).
+APPLIED_CONTENTION = ("learner_slowdown",)
 #: Settings a sweep may vary without restarting a role (only the drivers read them).
 SWEEPABLE = ("rollout.max_live_episodes",)
 
@@ -136,13 +143,88 @@ def bench_steps(
     return outcomes
 
 
+def _timed_rollout(rig: BenchRig, config: TrainConfig, specs: list[Any]) -> tuple[list, float]:
+    """The batch's trajectories and its rollout stage (call to last reward), in seconds."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.batch import Trajectory  # noqa: PLC0415
+    from thundersync_core.schedules.base import reward_time  # noqa: PLC0415
+
+    live = config.rollout.max_live_episodes
+    options = {"max_live": live} if live else {}
+    t0 = time.time()
+    stream = rig.rollout.rollout.options(num_returns="streaming").remote(specs, **options)
+    trajectories = [e for e in (ray.get(ref) for ref in stream) if isinstance(e, Trajectory)]
+    return trajectories, max(reward_time(t) for t in trajectories) - t0
+
+
+def measure_contention(rig: BenchRig, config: TrainConfig, step: int) -> dict[str, Any] | None:
+    """The trace model's contention factors on this machine, without running thundersync.
+
+    On batch ``step`` (not one the bench measures): one rollout to warm the engine's caches
+    and fix the learner's sources, one rollout alone, one learner pass alone over those
+    sources, then a rollout while the learner repeats the pass. ``learner_slowdown``: the
+    learner's time for the sources it served beside that rollout over their time alone;
+    ``rollout_slowdown``: the rollout stage beside the learner over alone (one sample each;
+    recorded beside the spread of two rollouts alone, not applied). GRPO only (an OPD source
+    is a teacher-scored turn): None otherwise. No weights change."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.pools import plan_step  # noqa: PLC0415
+
+    if config.objective != "grpo":
+        return None
+    learner = rig.learners["thundersync"]
+    ray.get(rig.rollout.load_weights.remote(*ray.get(learner.weights_and_version.remote())))
+    specs = plan_step(config, rig.task_ids, step)
+    groups = rig.groups(specs)
+    batch, first_rollout_s = _timed_rollout(rig, config, specs)
+    batch.sort(key=lambda t: t.trajectory_id)
+    _, alone_rollout_s = _timed_rollout(rig, config, specs)
+    alone = {i: t1 - t0 for i, t0, t1 in ray.get(learner.time_sources.remote(groups, batch))}
+    folder = Path(tempfile.mkdtemp(prefix="thundersync-contention-"))
+    try:
+        stop = folder / "stop"
+        served = learner.time_sources.remote(groups, batch, str(stop))
+        t0 = time.time()
+        _, loaded_rollout_s = _timed_rollout(rig, config, specs)
+        end = t0 + loaded_rollout_s
+        stop.touch()
+        beside = [(i, b - a) for i, a, b in ray.get(served) if a >= t0 and b <= end]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if not beside:
+        return None
+    loaded_s = sum(d for _, d in beside)
+    alone_s = sum(alone[i] for i, _ in beside)
+    print(
+        f"[bench contention, batch {step}] learner {loaded_s / alone_s:.3f}x slower beside "
+        f"the rollout ({len(beside)} sources), rollout {loaded_rollout_s:.1f}s beside the "
+        f"learner against {alone_rollout_s:.1f}s alone",
+        flush=True,
+    )
+    return {
+        "learner_slowdown": loaded_s / alone_s,
+        "rollout_slowdown": loaded_rollout_s / alone_rollout_s,
+        "step": step,
+        "rollout_alone_s": alone_rollout_s,
+        # The same batch's first rollout (cold caches): how far two rollouts of one batch
+        # differ with nothing else running, the noise the rollout factor sits in.
+        "rollout_first_s": first_rollout_s,
+        "rollout_beside_learner_s": loaded_rollout_s,
+        "learner_pass_alone_s": sum(alone.values()),
+        "sources_served_beside_rollout": len(beside),
+    }
+
+
 def run_bench(config: TrainConfig, out_dir: Path, *, steps: int) -> dict[str, Any]:
     rig = start_rig(config, out_dir)
     try:
+        contention = measure_contention(rig, config, steps)
         outcomes = bench_steps(rig, config, range(steps))
     finally:
         rig.close()
-    report = bench_report(config, outcomes)
+    report = bench_report(config, outcomes, contention)
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
@@ -166,11 +248,14 @@ def run_sweep(
         for value in values:
             sub = getattr(config, section).model_copy(update={field: value})
             point_config = config.model_copy(update={section: sub})
+            # Each point's contention is its own (how many episodes generate at once moves
+            # the rollout's load), measured on a batch the point does not train on.
+            contention = measure_contention(rig, point_config, cursor + steps)
             outcomes = bench_steps(
                 rig, point_config, range(cursor, cursor + steps), f" {key}={value}"
             )
-            cursor += steps
-            points.append({"value": value, **bench_report(point_config, outcomes)})
+            cursor += steps + 1
+            points.append({"value": value, **bench_report(point_config, outcomes, contention)})
     finally:
         rig.close()
     report = sweep_summary(key, points)
@@ -183,15 +268,19 @@ def sweep_summary(key: str, points: list[dict[str, Any]]) -> dict[str, Any]:
     rows = []
     for point in points:
         predicted = statistics.median(p["predicted"] for p in point["perfmodel"])
+        plain = statistics.median(p["predicted_without_contention"] for p in point["perfmodel"])
         measured = point["median_sync_over_thundersync"]
         rows.append(
             {
                 "value": point["value"],
                 "balance_rho": point["balance_rho"],
+                "contention": point["contention"],
                 "predicted_speedup": predicted,
                 "measured_speedup": measured,
                 # One convention throughout: (predicted - measured) / measured.
                 "error": (predicted - measured) / measured,
+                "predicted_speedup_without_contention": plain,
+                "error_without_contention": (plain - measured) / measured,
             }
         )
     return {
@@ -199,6 +288,9 @@ def sweep_summary(key: str, points: list[dict[str, Any]]) -> dict[str, Any]:
         "points": rows,
         "mean_absolute_error": statistics.mean(abs(r["error"]) for r in rows),
         "mean_error": statistics.mean(r["error"] for r in rows),
+        "mean_absolute_error_without_contention": statistics.mean(
+            abs(r["error_without_contention"]) for r in rows
+        ),
         "benches": points,
     }
 
@@ -226,7 +318,11 @@ def _collector(into: list[StepOutcome]) -> Any:
     return collect
 
 
-def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) -> dict[str, Any]:
+def bench_report(
+    config: TrainConfig,
+    outcomes: dict[str, list[StepOutcome]],
+    contention: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     from thundersync_core.metrics import generated_tokens  # noqa: PLC0415
     from thundersync_core.perfmodel import predict_from_trace  # noqa: PLC0415
     from thundersync_core.recording import release_trace  # noqa: PLC0415
@@ -257,11 +353,33 @@ def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) ->
         if s > 0
     ]
     predictions = []
+    traces: list[dict[str, Any]] = []
     for k, outcome in enumerate(outcomes["sync"]):
         # Out of sample: thundersync's step is predicted from sync's release trace (when
-        # its rewards landed, what each source cost its learner); nothing measured under
-        # thundersync goes in.
-        model = predict_from_trace(release_trace(outcome))
+        # its rewards landed, what each source cost its learner) and the contention
+        # measured before the steps (also without thundersync), which slows the learner
+        # beside the rollout and the rollout beside the learner.
+        trace = release_trace(outcome)
+        fifo_only = float(predict_from_trace(trace)["predicted_speedup"])
+        if config.objective == "grpo":
+            # Thundersync's GRPO learner opens at most this many groups at once.
+            trace["max_open_groups"] = config.max_open_groups
+        plain = float(predict_from_trace(trace)["predicted_speedup"])
+        if contention is not None:
+            # The learner's factor only: the rollout's, from one rollout beside the learner
+            # against one alone, sits inside the rollout's own run-to-run spread on this
+            # machine (recorded, not applied; see measure_contention).
+            trace["contention"] = {key: contention[key] for key in APPLIED_CONTENTION}
+        model = predict_from_trace(trace)
+        traces.append(
+            trace
+            | {
+                "measured": {
+                    "sync_step_s": sync["step_wall_s"][k],
+                    "thundersync_step_s": stream["step_wall_s"][k],
+                }
+            }
+        )
         predicted = float(model["predicted_speedup"])
         predicted_step = float(model["thundersync"]["step_s"])
         measured_step = stream["step_wall_s"][k]
@@ -273,6 +391,10 @@ def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) ->
                 "error": (predicted - ratios[k]) / ratios[k],
                 "thundersync_step_predicted_s": predicted_step,
                 "thundersync_step_error": (predicted_step - measured_step) / measured_step,
+                "predicted_without_contention": plain,
+                "error_without_contention": (plain - ratios[k]) / ratios[k],
+                # The plain FIFO: neither the open-group cap nor contention.
+                "predicted_fifo_only": fifo_only,
             }
         )
     # The schedule changes what the learner does during and after the rollout stage, not
@@ -330,5 +452,9 @@ def bench_report(config: TrainConfig, outcomes: dict[str, list[StepOutcome]]) ->
         "median_tail_s": {s: statistics.median(v["learner_tail_s"]) for s, v in per.items()},
         "median_tail_fraction_of_sync": statistics.median(tail_fraction) if tail_fraction else None,
         "balance_rho": mean_rho,
+        "contention": contention,
         "perfmodel": predictions,
+        # What the predictions read (with ``contention``): ``thundersync perfmodel trace``
+        # recomputes them from this file.
+        "sync_release_traces": traces,
     }

@@ -62,8 +62,14 @@ def run(args: argparse.Namespace) -> int:
         f"p={check['sign_test_p']:.2f})"
     )
     errors = [p["error"] for p in report["perfmodel"]]
+    contention = report["contention"]
+    beside = (
+        f" and the learner's measured {contention['learner_slowdown']:.3f}x beside the rollout"
+        if contention
+        else ""
+    )
     print(
-        "predicted from sync's release trace: "
+        f"predicted from sync's release trace{beside}: "
         + ", ".join(f"{p['predicted']:.2f}x" for p in report["perfmodel"])
         + f" (errors {', '.join(f'{e:+.1%}' for e in errors)})"
     )

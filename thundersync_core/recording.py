@@ -151,6 +151,7 @@ def release_trace(outcome: StepOutcome) -> dict[str, Any]:
                 "sources": [
                     {
                         "id": s["id"],
+                        **({"group": s["group"]} if "group" in s else {}),
                         "release_s": max(s["release_s"] - start, 0.0),
                         "service_s": s["service_s"],
                     }

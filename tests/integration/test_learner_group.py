@@ -11,6 +11,8 @@ one-process learner with the group's weights.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -121,3 +123,32 @@ def test_weights_are_not_published_mid_batch(micro_model_dir, tmp_path):
     path, version = learner.weights_and_version()
     assert version == 1
     assert load_file(path).keys() == load_file(str(micro_model_dir / "model.safetensors")).keys()
+
+
+def test_timing_passes_leave_the_learner_as_it_was(micro_model_dir, tmp_path):
+    """The bench's contention measurement (``time_sources``) times every source and drops
+    its scratch batches: the next step is the step an untouched learner takes. With a stop
+    file the passes repeat until it appears; mid-batch the pass is refused."""
+    batch = random_batch(seed=5, vocab=1024, n_groups=2, group_size=2)
+    groups = {g: (s.prompt_ids, s.size) for g, s in groups_of(batch).items()}
+    timed = LearnerWorker(micro_model_dir, config_for(1), publish_dir=tmp_path / "timed")
+    plain = LearnerWorker(micro_model_dir, config_for(1), publish_dir=tmp_path / "plain")
+    times = timed.time_sources(groups, batch)
+    assert [i for i, _, _ in times] == [t.trajectory_id for t in batch]
+    assert all(end > start for _, start, end in times)
+    stop = tmp_path / "stop"
+    threading.Timer(1.0, stop.touch).start()
+    repeated = timed.time_sources(groups, batch, str(stop))
+    assert len(repeated) > len(batch), "passes repeat until the stop file exists"
+    assert timed.version() == 0
+    for learner in (timed, plain):
+        learner.begin(groups)
+        for traj in batch:
+            learner.submit(traj, None)
+    with pytest.raises(LearnerRefusal, match="batch is in progress"):
+        timed.time_sources(groups, batch)
+    a, b = timed.step(0), plain.step(0)
+    assert a["loss"] == b["loss"]
+    assert a["grad_norm"] == b["grad_norm"]
+    after = load_file(a["weights"])
+    assert all(torch.equal(after[k], v) for k, v in load_file(b["weights"]).items())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ import pytest
 from thundersync_core.bench import run_sweep, sweep_summary
 from thundersync_core.bench_cli import parse_sweep
 from thundersync_core.config import load_config
+from thundersync_core.perfmodel import predict_from_trace
+from thundersync_core.perfmodel.trace import predict_files
 
 
 def _point(value: int, predicted: list[float], measured: float, rho: float) -> dict[str, object]:
@@ -16,7 +19,9 @@ def _point(value: int, predicted: list[float], measured: float, rho: float) -> d
         "value": value,
         "balance_rho": rho,
         "median_sync_over_thundersync": measured,
-        "perfmodel": [{"predicted": p} for p in predicted],
+        "contention": {"learner_slowdown": 1.1, "rollout_slowdown": 1.0},
+        # Without contention the model predicts 10% higher here.
+        "perfmodel": [{"predicted": p, "predicted_without_contention": 1.1 * p} for p in predicted],
     }
 
 
@@ -31,6 +36,10 @@ def test_sweep_summary_takes_the_median_prediction_and_signed_errors() -> None:
     assert report["mean_absolute_error"] == pytest.approx((0.25 + 0.2) / 2)
     assert report["mean_error"] == pytest.approx((0.25 - 0.2) / 2)
     assert [r["value"] for r in report["points"]] == [4, 8]
+    assert first["error_without_contention"] == pytest.approx((1.65 - 1.2) / 1.2)
+    assert report["mean_absolute_error_without_contention"] == pytest.approx(
+        ((1.65 - 1.2) / 1.2 + (2.0 - 1.76) / 2.0) / 2
+    )
 
 
 def test_parse_sweep_reads_key_and_values_and_names_the_flag_on_errors() -> None:
@@ -80,13 +89,15 @@ def _outcome(step: int, releases: list[float], learner: list[tuple[float, float]
         publication=(100.0 + done, 100.0 + wall),
     )
     services = [
-        {"id": f"g/{i}", "release_s": 100.0 + r, "service_s": b - a}
+        {"id": f"g/{i}", "group": "g", "release_s": 100.0 + r, "service_s": b - a}
         for i, (r, (a, b)) in enumerate(zip(releases, learner, strict=True))
     ]
     return StepOutcome(step, timeline, {"services": services, "barrier_s": 0.5})
 
 
-def test_bench_report_predicts_from_sync_alone_and_tests_the_rollout_stages() -> None:
+def test_bench_report_predicts_from_sync_alone_and_tests_the_rollout_stages(
+    tmp_path: Path,
+) -> None:
     """Sync: four 1 s sources released at 1..4 s, run after the last, barrier 0.5 s and
     publication 0.1 s (8.6 s). Thundersync on the same batch: its last reward at 4.4 s
     (rollout stage 10% longer), work as it lands (6.0 s)."""
@@ -113,6 +124,35 @@ def test_bench_report_predicts_from_sync_alone_and_tests_the_rollout_stages() ->
     assert first["predicted"] == pytest.approx(8.6 / 5.6)
     assert first["error"] == pytest.approx((8.6 / 5.6 - measured) / measured)
     assert first["thundersync_step_error"] == pytest.approx((5.6 - 6.0) / 6.0)
+    assert first["predicted_without_contention"] == first["predicted"]
+
+    # With contention measured (the learner twice as slow beside the rollout; the rollout's
+    # 10% is recorded, not applied), by hand: the sources finish at 3 (1 s at half speed
+    # from 1), 4.5 (from 3: 1 s of work is half done at the last release, 4), 5.5, 6.5;
+    # plus the 0.6 s suffix.
+    contention = {"learner_slowdown": 2.0, "rollout_slowdown": 1.1, "step": 9}
+    report = bench_report(load_config(None), {"sync": sync, "thundersync": stream}, contention)
+    [first, _] = report["perfmodel"]
+    assert first["thundersync_step_predicted_s"] == pytest.approx(7.1)
+    assert first["predicted"] == pytest.approx(8.6 / 7.1)
+    assert first["predicted_without_contention"] == pytest.approx(8.6 / 5.6)
+    assert first["error_without_contention"] == pytest.approx((8.6 / 5.6 - measured) / measured)
+    assert report["contention"] == contention
+    # What the predictions read is in the report, and predicts the same again.
+    trace = report["sync_release_traces"][0]
+    assert trace["max_open_groups"] == load_config(None).max_open_groups
+    assert predict_from_trace(trace)["predicted_speedup"] == pytest.approx(first["predicted"])
+    assert predict_from_trace(trace)["measured"]["speedup"] == pytest.approx(measured)
+    # `thundersync perfmodel trace --trace bench.json` reads them out of the report, and a
+    # sweep's report the same way.
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(report))
+    again = predict_files([bench])
+    assert sorted(again["files"]) == [f"{bench}#step 0", f"{bench}#step 1"]
+    assert again["mean_abs_speedup_relative_error"] == pytest.approx(abs(first["error"]))
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"key": "k", "benches": [{"value": 4, **report}]}))
+    assert f"{sweep}#k=4/step 1" in predict_files([sweep])["files"]
 
 
 def test_same_samples_compares_action_tokens_by_trajectory_id() -> None:

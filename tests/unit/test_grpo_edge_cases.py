@@ -180,3 +180,24 @@ def test_micro_batched_sync_equals_one_batch(micro64):
     assert pieces.objective == pytest.approx(whole.objective, rel=1e-12)
     with pytest.raises(ValueError, match="micro_batch_tokens must be >= 1"):
         SyncGRPOLearner(micro64, micro_batch_tokens=0)
+
+
+@pytest.mark.parametrize("cls", LEARNERS)
+def test_a_discarded_batch_leaves_nothing_behind(micro64, cls):
+    """A timing pass (the bench's contention measurement) runs sources in a batch it then
+    drops: the next batch's gradient is the plain reference's, the parameters unchanged."""
+    before = {n: p.detach().clone() for n, p in micro64.named_parameters()}
+    other = random_batch(seed=11, vocab=1024, n_groups=2, group_size=3)
+    batch = random_batch(seed=12, vocab=1024, n_groups=2, group_size=3)
+    learner = cls(micro64)
+    learner.begin_batch(groups_of(other))
+    for traj in other[:4]:
+        learner.submit(traj)
+    learner.discard_batch()
+    assert not learner.in_batch
+    assert all(p.grad is None for p in micro64.parameters())
+    assert all(torch.equal(p, before[n]) for n, p in micro64.named_parameters())
+    _, ref = reference_grad_j(micro64, batch)
+    assert rel_diff(ref, run(learner, batch).grad_objective) <= 1e-10
+    with pytest.raises(LearnerRefusal, match="outside a batch"):
+        learner.discard_batch()

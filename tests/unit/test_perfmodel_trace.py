@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thundersync_core.perfmodel import TraceFormatError, predict_from_trace
+from thundersync_core.perfmodel.fifo import fifo_finish
 from thundersync_core.perfmodel.trace import predict_files
 
 
@@ -155,3 +156,80 @@ def test_predictions_respect_the_analytic_bounds(ranks: list, suffix_s: float) -
     assert lower_s - tolerance <= out["thundersync"]["tail_s"] <= upper_s + tolerance
     for summary in (out["sync"], out["thundersync"]):
         assert -tolerance <= summary["learner_idle_fraction"] <= 1.0
+
+
+def test_a_slowed_server_finishes_what_is_left_at_full_rate() -> None:
+    from thundersync_core.perfmodel.fifo import fifo_finish  # noqa: PLC0415
+
+    # Half speed until 4 s: 0-2 s (1 s of work), then 2-4 s does 1 s of the next source's
+    # 2 s, whose last 1 s runs at full speed (ends at 5); the third starts after the switch.
+    out = fifo_finish([0.0, 0.5, 6.0], [1.0, 2.0, 1.0], slowdown=2.0, slow_until_s=4.0)
+    assert out.finish_s == pytest.approx((2.0, 5.0, 7.0))
+    assert out.busy_s == pytest.approx(6.0)
+    assert out.idle_s == pytest.approx(1.0)
+    plain = fifo_finish([0.0, 0.5, 6.0], [1.0, 2.0, 1.0])
+    assert plain.finish_s == pytest.approx((1.0, 3.0, 7.0))
+    with pytest.raises(ValueError, match="slowdown"):
+        fifo_finish([0.0], [1.0], slowdown=0.0)
+
+
+def test_contention_slows_only_thundersync_and_is_validated() -> None:
+    trace = {
+        "suffix_s": 0.0,
+        "ranks": [
+            {
+                "sources": [
+                    {"release_s": 1.0, "service_s": 2.0},
+                    {"release_s": 3.0, "service_s": 1.0},
+                ]
+            }
+        ],
+    }
+    plain = predict_from_trace(trace)
+    slowed = predict_from_trace(
+        {**trace, "contention": {"learner_slowdown": 1.5, "rollout_slowdown": 1.2}}
+    )
+    assert slowed["sync"] == plain["sync"], "sync overlaps nothing: contention does not enter"
+    # u = 2/3 of the stretched rollout busy: stretch 1 + 0.2 u; by hand step 4.8889 s.
+    assert slowed["contention"]["rollout_stretch"] == pytest.approx(1 + 0.2 * 2 / 3)
+    assert slowed["thundersync"]["step_s"] == pytest.approx(4.888889, abs=1e-6)
+    assert plain["thundersync"]["step_s"] == pytest.approx(4.0)
+    for bad in [{"learner_slowdown": 0}, {"rollout_slowdown": -1.0}, "fast"]:
+        with pytest.raises(TraceFormatError, match="contention"):
+            predict_from_trace({**trace, "contention": bad})
+
+
+def test_the_open_group_cap_holds_a_source_until_a_group_closes() -> None:
+    from thundersync_core.perfmodel.fifo import grouped_finish  # noqa: PLC0415
+
+    # One group open at a time. a/0 served 0-1; b/0 (released 0.5) is held while group a
+    # waits for a/1 (released 3, served 3-4); a closes and b/0 is served 4-5.
+    release, service, groups = [0.0, 0.5, 3.0], [1.0, 1.0, 1.0], ["a", "b", "a"]
+    capped = grouped_finish(release, service, groups, 1)
+    assert capped.finish_s == pytest.approx((1.0, 5.0, 4.0))
+    assert capped.intervals == ((0.0, 1.0), (3.0, 4.0), (4.0, 5.0))
+    assert capped.idle_s == pytest.approx(2.0)
+    # Room for both groups: plain FIFO.
+    room = grouped_finish(release, service, groups, 2)
+    assert room.finish_s == pytest.approx(fifo_finish(release, service).finish_s)
+
+    trace = {
+        "suffix_s": 0.0,
+        "max_open_groups": 1,
+        "ranks": [
+            {
+                "sources": [
+                    {"release_s": r, "service_s": w, "group": g}
+                    for r, w, g in zip(release, service, groups, strict=True)
+                ]
+            }
+        ],
+    }
+    out = predict_from_trace(trace)
+    assert out["thundersync"]["step_s"] == pytest.approx(5.0)
+    assert out["sync"]["step_s"] == pytest.approx(6.0), "sync: 3 s of work after the last release"
+    del trace["ranks"][0]["sources"][1]["group"]
+    with pytest.raises(TraceFormatError, match=r"sources\[1\]\.group: missing"):
+        predict_from_trace(trace)
+    with pytest.raises(TraceFormatError, match="max_open_groups"):
+        predict_from_trace({**trace, "max_open_groups": 0})

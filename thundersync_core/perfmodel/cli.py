@@ -45,7 +45,13 @@ def _add_analytic(inner: Any) -> None:
 
 def _add_trace(inner: Any) -> None:
     p = inner.add_parser("trace", help="predict steps from recorded release traces")
-    p.add_argument("--trace", required=True, nargs="+", type=Path, help="trace JSON file(s)")
+    p.add_argument(
+        "--trace",
+        required=True,
+        nargs="+",
+        type=Path,
+        help="trace JSON file(s), or bench / sweep reports (their sync release traces)",
+    )
 
 
 def _add_simulate(inner: Any) -> None:

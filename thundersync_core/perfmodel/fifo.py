@@ -7,6 +7,16 @@ whenever work is waiting and serves in release order (ties keep input order):
 
 Equivalently, the last finish is the largest, over arrival times s, of s plus all work
 released at or after s (the Lindley recursion unrolled); the analytic module uses that form.
+
+With ``slowdown`` c (> 1: slower) the server works at rate 1/c until ``slow_until_s`` (the learner
+beside a rollout that shares the machine's memory and caches) and at full rate after: a
+source that starts at s with service w finishes at s + c·w if that is before the switch T,
+else at T + w - (T - s)/c (what is left of it at full rate), or at s + w when s >= T.
+
+``grouped_finish`` adds the streaming GRPO learner's open-group cap: a source whose group
+is not open while ``max_open_groups`` groups are waits (held, in arrival order) until a
+group closes (its last member served); then the held sources that can go are served first,
+before the next arrival, as the learner does.
 """
 
 from __future__ import annotations
@@ -23,27 +33,132 @@ class QueueResult:
     last_finish_s: float
     busy_s: float
     idle_s: float
+    #: (start, end) of each service, in the order served.
+    intervals: tuple[tuple[float, float], ...] = ()
 
 
 def fifo_finish(
-    release_s: Sequence[float], service_s: Sequence[float], start_s: float = 0.0
+    release_s: Sequence[float],
+    service_s: Sequence[float],
+    start_s: float = 0.0,
+    *,
+    slowdown: float = 1.0,
+    slow_until_s: float = 0.0,
 ) -> QueueResult:
-    """Serve sources in release order from ``start_s``; idle time counts from ``start_s``."""
+    """Serve sources in release order from ``start_s``; idle time counts from ``start_s``.
+
+    ``busy_s`` is the wall time the server worked (the sum of services when nothing is
+    slowed)."""
     if len(release_s) != len(service_s):
         raise ValueError(f"release_s has {len(release_s)} entries, service_s {len(service_s)}")
+    if not slowdown > 0.0:
+        raise ValueError(f"slowdown must be positive, got {slowdown}")
     order = sorted(range(len(release_s)), key=lambda i: release_s[i])
     clock_s = start_s
     idle_s = 0.0
+    busy_s = 0.0
     finish_by_order = []
+    intervals = []
     for i in order:
         if release_s[i] > clock_s:
             idle_s += release_s[i] - clock_s
             clock_s = release_s[i]
-        clock_s += service_s[i]
+        begin_s = clock_s
+        clock_s = _serve(clock_s, service_s[i], slowdown, slow_until_s)
+        busy_s += clock_s - begin_s
         finish_by_order.append(clock_s)
+        intervals.append((begin_s, clock_s))
     return QueueResult(
         finish_s=tuple(finish_by_order),
         last_finish_s=clock_s,
-        busy_s=float(sum(service_s)),
+        busy_s=busy_s if slowdown != 1.0 else float(sum(service_s)),
         idle_s=idle_s,
+        intervals=tuple(intervals),
     )
+
+
+def grouped_finish(
+    release_s: Sequence[float],
+    service_s: Sequence[float],
+    groups: Sequence[str],
+    max_open_groups: int,
+    start_s: float = 0.0,
+    *,
+    slowdown: float = 1.0,
+    slow_until_s: float = 0.0,
+) -> QueueResult:
+    """``fifo_finish`` with at most ``max_open_groups`` groups open at once (finish times in
+    release order). A group's size is how many of ``groups`` name it."""
+    if not len(release_s) == len(service_s) == len(groups):
+        raise ValueError(
+            f"release_s, service_s and groups have {len(release_s)}, {len(service_s)} and "
+            f"{len(groups)} entries"
+        )
+    if max_open_groups < 1:
+        raise ValueError(f"max_open_groups must be >= 1, got {max_open_groups}")
+    if not slowdown > 0.0:
+        raise ValueError(f"slowdown must be positive, got {slowdown}")
+    size: dict[str, int] = {}
+    for g in groups:
+        size[g] = size.get(g, 0) + 1
+    order = sorted(range(len(release_s)), key=lambda i: release_s[i])
+    rank = {i: n for n, i in enumerate(order)}
+    served: dict[str, int] = {}
+    open_groups: set[str] = set()
+    held: list[int] = []
+    finish = [0.0] * len(order)
+    intervals: list[tuple[float, float]] = []
+    clock_s, idle_s, busy_s = start_s, 0.0, 0.0
+
+    def admissible(i: int) -> bool:
+        return groups[i] in open_groups or len(open_groups) < max_open_groups
+
+    def process(i: int) -> None:
+        nonlocal clock_s, busy_s
+        begin_s = clock_s
+        clock_s = _serve(clock_s, service_s[i], slowdown, slow_until_s)
+        busy_s += clock_s - begin_s
+        intervals.append((begin_s, clock_s))
+        finish[rank[i]] = clock_s
+        group = groups[i]
+        open_groups.add(group)
+        served[group] = served.get(group, 0) + 1
+        if served[group] == size[group]:
+            open_groups.discard(group)
+
+    for i in order:
+        if release_s[i] > clock_s:
+            idle_s += release_s[i] - clock_s
+            clock_s = release_s[i]
+        if not admissible(i):
+            held.append(i)
+            continue
+        process(i)
+        progressed = True
+        while progressed and held:
+            progressed = False
+            for j in held:
+                if admissible(j):
+                    held.remove(j)
+                    process(j)
+                    progressed = True
+                    break
+    if held:
+        raise ValueError(f"{len(held)} sources never admitted (more groups than can close)")
+    return QueueResult(
+        finish_s=tuple(finish),
+        last_finish_s=max(finish, default=start_s),
+        busy_s=busy_s,
+        idle_s=idle_s,
+        intervals=tuple(intervals),
+    )
+
+
+def _serve(start_s: float, service_s: float, slowdown: float, slow_until_s: float) -> float:
+    """When a source of ``service_s`` started at ``start_s`` finishes."""
+    if slowdown == 1.0 or start_s >= slow_until_s:
+        return start_s + service_s
+    slowed_end_s = start_s + slowdown * service_s
+    if slowed_end_s <= slow_until_s:
+        return slowed_end_s
+    return slow_until_s + service_s - (slow_until_s - start_s) / slowdown

@@ -24,6 +24,19 @@ convention of the bench and the sweep too). A sync step's trace predicts thunder
 sample: it holds the release times and the learner's per-source times, measured without
 thundersync running.
 
+Contention (optional, ``"contention": {"learner_slowdown": c, "rollout_slowdown": g}``,
+measured by the bench without thundersync: the learner's service of fixed sources beside a
+rollout over the same alone, and a rollout's length beside a working learner over alone).
+Under thundersync the learner works while the rollout runs, on the same machine: its
+service runs c times slower until the last release, and the rollout stretches by
+1 + (g - 1)·u, u the share of the rollout stage the learner is busy (solved by fixed-point
+iteration from u = 1). Sync overlaps nothing, so its prediction is unchanged.
+
+Open-group cap (optional, ``"max_open_groups": m`` and a ``"group"`` per source): the
+streaming GRPO learner holds a source whose group is not open while m groups are, until a
+group's last member is served (``fifo.grouped_finish``); sync hands its learner the whole
+batch after the last release, so the cap costs it nothing.
+
 The analytic cross-check uses, per rank, rho_r = (rank work)/R and the rank's release lag
 D_r behind uniform release over [rollout_start, t_max] (units of R), and reports the tail
 bounds [max_r [rho_r - 1]⁺, max_r max(rho_r D_r, rho_r - 1 + D_r)] R of the analytic module,
@@ -38,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from thundersync_core.perfmodel.analytic import tail_bounds
-from thundersync_core.perfmodel.fifo import fifo_finish
+from thundersync_core.perfmodel.fifo import QueueResult, fifo_finish, grouped_finish
 
 
 class TraceFormatError(ValueError):
@@ -67,7 +80,10 @@ def _validate_source(source: Any, field: str, rollout_start_s: float) -> dict[st
     source_id = source.get("id", field)
     if not isinstance(source_id, str):
         raise TraceFormatError(f"{field}.id: must be a string, got {source_id!r}")
-    return {"release_s": release_s, "service_s": service_s, "id": source_id}
+    group = source.get("group")
+    if group is not None and not isinstance(group, str):
+        raise TraceFormatError(f"{field}.group: must be a string, got {group!r}")
+    return {"release_s": release_s, "service_s": service_s, "id": source_id, "group": group}
 
 
 def _validate_measured(measured: Any) -> dict[str, float]:
@@ -79,6 +95,18 @@ def _validate_measured(measured: Any) -> dict[str, float]:
             out[key] = _number(measured[key], f"measured.{key}")
             if out[key] == 0.0:
                 raise TraceFormatError(f"measured.{key}: must be positive, got 0")
+    return out
+
+
+def _validate_contention(contention: Any) -> dict[str, float]:
+    if not isinstance(contention, dict):
+        raise TraceFormatError("contention: must be an object")
+    out = {}
+    for key in ("learner_slowdown", "rollout_slowdown"):
+        value = contention.get(key, 1.0)
+        out[key] = _number(value, f"contention.{key}")
+        if out[key] == 0.0:
+            raise TraceFormatError(f"contention.{key}: must be positive, got 0")
     return out
 
 
@@ -112,6 +140,18 @@ def validate_trace(trace: Any) -> dict[str, Any]:
     }
     if "measured" in trace:
         out["measured"] = _validate_measured(trace["measured"])
+    out["contention"] = _validate_contention(trace.get("contention", {}))
+    cap = trace.get("max_open_groups")
+    if cap is not None:
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise TraceFormatError(f"max_open_groups: must be an integer >= 1, got {cap!r}")
+        for r, sources in enumerate(clean_ranks):
+            for i, source in enumerate(sources):
+                if source["group"] is None:
+                    raise TraceFormatError(
+                        f"ranks[{r}].sources[{i}].group: missing (max_open_groups is set)"
+                    )
+    out["max_open_groups"] = cap
     return out
 
 
@@ -163,13 +203,9 @@ def predict_from_trace(trace: dict[str, Any]) -> dict[str, Any]:
     busy_s = sum(work_s) + len(ranks) * suffix_s
 
     sync_step_s = last_release_s + max(work_s) + suffix_s
-    last_finish_s = max(
-        fifo_finish(
-            [s["release_s"] for s in sources], [s["service_s"] for s in sources]
-        ).last_finish_s
-        for sources in ranks
-    )
-    thundersync_step_s = max(last_finish_s, last_release_s) + suffix_s
+    overlap = _overlapped(clean)
+    stream_release_s = overlap["last_release_s"]
+    thundersync_step_s = max(overlap["last_finish_s"], stream_release_s) + suffix_s
     predicted = sync_step_s / thundersync_step_s if thundersync_step_s > 0 else math.nan
     out: dict[str, Any] = {
         "ranks": len(ranks),
@@ -178,9 +214,13 @@ def predict_from_trace(trace: dict[str, Any]) -> dict[str, Any]:
         "suffix_s": suffix_s,
         "sync": _schedule_summary(sync_step_s, max(work_s), busy_s, len(ranks)),
         "thundersync": _schedule_summary(
-            thundersync_step_s, thundersync_step_s - suffix_s - last_release_s, busy_s, len(ranks)
+            thundersync_step_s,
+            thundersync_step_s - suffix_s - stream_release_s,
+            overlap["busy_s"] + len(ranks) * suffix_s,
+            len(ranks),
         ),
         "predicted_speedup": predicted,
+        "contention": {**clean["contention"], "rollout_stretch": overlap["stretch"]},
         "analytic": _analytic_check(clean, last_release_s),
     }
     measured = clean.get("measured", {})
@@ -200,6 +240,69 @@ def predict_from_trace(trace: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _overlapped(clean: dict[str, Any], iterations: int = 20) -> dict[str, float]:
+    """Thundersync's learner queues beside the rollout, with the trace's contention."""
+    start_s = clean["rollout_start_s"]
+    rollout_slowdown = clean["contention"]["rollout_slowdown"]
+    busy_share = 1.0
+    for _ in range(iterations if rollout_slowdown != 1.0 else 1):
+        stretch = 1.0 + (rollout_slowdown - 1.0) * busy_share
+        queues = []
+        for sources in clean["ranks"]:
+            release = [start_s + (s["release_s"] - start_s) * stretch for s in sources]
+            queues.append((release, [s["service_s"] for s in sources]))
+        last_release_s = max(r for release, _ in queues for r in release)
+        results = [
+            _serve_rank(clean, sources, r, w, last_release_s)
+            for sources, (r, w) in zip(clean["ranks"], queues, strict=True)
+        ]
+        rollout_s = last_release_s - start_s
+        shares = [
+            _busy_before(q.intervals, last_release_s) / rollout_s if rollout_s > 0 else 1.0
+            for q in results
+        ]
+        new_share = min(1.0, sum(shares) / len(shares))
+        converged = abs(new_share - busy_share) < 1e-9
+        busy_share = new_share
+        if converged:
+            break
+    return {
+        "last_release_s": last_release_s,
+        "last_finish_s": max(q.last_finish_s for q in results),
+        "busy_s": sum(q.busy_s for q in results),
+        "stretch": stretch,
+    }
+
+
+def _serve_rank(
+    clean: dict[str, Any],
+    sources: list[dict[str, Any]],
+    release_s: list[float],
+    service_s: list[float],
+    slow_until_s: float,
+) -> QueueResult:
+    """One rank's queue: FIFO, or with the trace's open-group cap."""
+    start_s = clean["rollout_start_s"]
+    slowdown = clean["contention"]["learner_slowdown"]
+    cap = clean["max_open_groups"]
+    if cap is None:
+        return fifo_finish(
+            release_s, service_s, start_s, slowdown=slowdown, slow_until_s=slow_until_s
+        )
+    groups = [s["group"] for s in sources]
+    try:
+        return grouped_finish(
+            release_s, service_s, groups, cap, start_s, slowdown=slowdown, slow_until_s=slow_until_s
+        )
+    except ValueError as exc:
+        raise TraceFormatError(f"max_open_groups: {exc}") from exc
+
+
+def _busy_before(intervals: tuple[tuple[float, float], ...], until_s: float) -> float:
+    """Server time spent before ``until_s``."""
+    return sum(max(0.0, min(end, until_s) - begin) for begin, end in intervals)
+
+
 def load_trace(path: Path) -> dict[str, Any]:
     """Read a trace file; errors name the file."""
     try:
@@ -209,19 +312,34 @@ def load_trace(path: Path) -> dict[str, Any]:
     return data
 
 
+def _traces_in(path: Path, data: Any) -> list[tuple[str, Any]]:
+    """One trace file, or the sync release traces a bench (``sync_release_traces``) or a
+    sweep (``benches``) report holds, each named ``FILE#step K`` or ``FILE#KEY=V/step K``."""
+    if isinstance(data, dict) and isinstance(data.get("benches"), list):
+        return [
+            (f"{path}#{data.get('key')}={bench.get('value')}/step {k}", trace)
+            for bench in data["benches"]
+            for k, trace in enumerate(bench.get("sync_release_traces") or [])
+        ]
+    if isinstance(data, dict) and isinstance(data.get("sync_release_traces"), list):
+        return [(f"{path}#step {k}", t) for k, t in enumerate(data["sync_release_traces"])]
+    return [(str(path), data)]
+
+
 def predict_files(paths: list[Path]) -> dict[str, Any]:
     """Predictions for several trace files and, with two or more measured, the mean error."""
     per_file = {}
     for path in paths:
-        try:
-            per_file[str(path)] = predict_from_trace(load_trace(path))
-        except TraceFormatError as exc:
-            message = str(exc)
-            prefix = "" if message.startswith(str(path)) else f"{path}: "
-            raise TraceFormatError(prefix + message) from exc
+        for name, trace in _traces_in(path, load_trace(path)):
+            try:
+                per_file[name] = predict_from_trace(trace)
+            except TraceFormatError as exc:
+                message = str(exc)
+                prefix = "" if message.startswith(str(path)) else f"{name}: "
+                raise TraceFormatError(prefix + message) from exc
     out: dict[str, Any] = {"files": per_file}
     errors = [p["measured"]["speedup_relative_error"] for p in per_file.values() if "measured" in p]
-    if len(paths) > 1:
+    if len(per_file) > 1:
         out["mean_speedup_relative_error"] = sum(errors) / len(errors) if errors else None
         out["mean_abs_speedup_relative_error"] = (
             sum(abs(e) for e in errors) / len(errors) if errors else None

@@ -128,7 +128,7 @@ class LearnerWorker:
         """A whole trajectory (GRPO; OPD with teacher scores under sync and one-step-off)."""
         t0 = time.time()
         self._guarded(self.learner.submit, traj)  # type: ignore[attr-defined]
-        self._record(t0, traj.trajectory_id, release_s)
+        self._record(t0, traj.trajectory_id, release_s, traj.group_id)
         self._count_whole(traj)
 
     def _count_whole(self, traj: Trajectory) -> None:
@@ -160,7 +160,12 @@ class LearnerWorker:
             if release_s is not None:
                 self.releases.append(release_s)
                 self.services.append(
-                    {"id": traj.trajectory_id, "release_s": release_s, "service_s": share}
+                    {
+                        "id": traj.trajectory_id,
+                        "group": traj.group_id,
+                        "release_s": release_s,
+                        "service_s": share,
+                    }
                 )
             self._count_whole(traj)
 
@@ -169,7 +174,7 @@ class LearnerWorker:
         turn, release_s = scored
         t0 = time.time()
         self._guarded(self.learner.submit_turn, turn)  # type: ignore[attr-defined]
-        self._record(t0, f"{turn.trajectory_id}#{turn.index}", release_s)
+        self._record(t0, f"{turn.trajectory_id}#{turn.index}", release_s, turn.group_id)
         action = turn.action
         tokens = len(action.ids) if action is not None else 0
         prompt = len(turn.prompt_ids) if turn.group_id not in self._groups_seen else 0
@@ -193,15 +198,48 @@ class LearnerWorker:
             self._error = str(exc)
             raise
 
-    def _record(self, t0: float, source: str, release_s: float | None) -> None:
+    def _record(self, t0: float, source: str, release_s: float | None, group: str) -> None:
         t1 = time.time()
         self.intervals.append((t0, t1))
         if release_s is not None:
             self.releases.append(release_s)
-            self.services.append({"id": source, "release_s": release_s, "service_s": t1 - t0})
+            self.services.append(
+                {"id": source, "group": group, "release_s": release_s, "service_s": t1 - t0}
+            )
 
     def _count_versions(self, traj: Trajectory) -> None:
         self.token_versions.extend(turn_token_versions(traj))
+
+    def time_sources(
+        self,
+        groups: dict[str, tuple[tuple[int, ...], int]],
+        trajectories: list[Trajectory],
+        stop_file: str | None = None,
+    ) -> list[tuple[str, float, float]]:
+        """Learner time of each trajectory, nothing kept: (id, start, end) per source, run
+        in scratch batches that are dropped (weights, optimizer, version untouched).
+
+        Without ``stop_file`` one pass; with it, passes repeat until that file exists (the
+        bench's contention measurement keeps the learner working beside a rollout)."""
+        if self.learner.in_batch:
+            raise LearnerRefusal("time_sources called while a batch is in progress")
+        if not trajectories:
+            return []
+        specs = {g: GroupSpec(p, n) for g, (p, n) in groups.items()}
+        times: list[tuple[str, float, float]] = []
+        while True:
+            self.learner.begin_batch(specs)
+            try:
+                for traj in trajectories:
+                    if stop_file is not None and os.path.exists(stop_file):
+                        return times
+                    t0 = time.time()
+                    self.learner.submit(traj)  # type: ignore[attr-defined]
+                    times.append((traj.trajectory_id, t0, time.time()))
+            finally:
+                self.learner.discard_batch()
+            if stop_file is None:
+                return times
 
     # -- the barrier and the step ----------------------------------------------------------
     def step(self, step: int) -> dict[str, Any]:

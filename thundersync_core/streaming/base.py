@@ -282,6 +282,19 @@ class LearnerBase:
         if busy:
             raise LearnerRefusal(f"not safe to step: {busy}")
 
+    def discard_batch(self) -> None:
+        """Drop the batch in progress without writing any gradient (a timing pass): the
+        parameters, the optimizer and the policy version are as before ``begin_batch``."""
+        if not self._in_batch:
+            raise LearnerRefusal("discard_batch called outside a batch")
+        self._grad_sum = []
+        self._groups = {}
+        self._done = {}
+        self._in_batch = False
+        for p in self.params:
+            p.grad = None
+        self._on_begin()
+
     @property
     def in_batch(self) -> bool:
         """True between begin_batch and the barrier: parameters must not be published."""
