@@ -166,13 +166,14 @@ def measure_contention(rig: BenchRig, config: TrainConfig, step: int) -> dict[st
     sources, then a rollout while the learner repeats the pass. ``learner_slowdown``: the
     learner's time for the sources it served beside that rollout over their time alone;
     ``rollout_slowdown``: the rollout stage beside the learner over alone (one sample each;
-    recorded beside the spread of two rollouts alone, not applied). GRPO only (an OPD source
-    is a teacher-scored turn): None otherwise. No weights change."""
+    recorded beside the spread of two rollouts alone, not applied). GRPO on one learner rank
+    only (an OPD source is a teacher-scored turn; a learner group routes sources to ranks):
+    None otherwise, and the predictions go without it. No weights change."""
     import ray  # noqa: PLC0415
 
     from thundersync_core.pools import plan_step  # noqa: PLC0415
 
-    if config.objective != "grpo":
+    if config.objective != "grpo" or config.resources.learner.ranks > 1:
         return None
     learner = rig.learners["thundersync"]
     ray.get(rig.rollout.load_weights.remote(*ray.get(learner.weights_and_version.remote())))
