@@ -143,18 +143,13 @@ def bench_steps(
     return outcomes
 
 
-def _timed_rollout(rig: BenchRig, config: TrainConfig, specs: list[Any]) -> tuple[list, float]:
+def _timed_rollout(ctx: Any, specs: list[Any]) -> tuple[list, float]:
     """The batch's trajectories and its rollout stage (call to last reward), in seconds."""
-    import ray  # noqa: PLC0415
-
     from thundersync_core.batch import Trajectory  # noqa: PLC0415
-    from thundersync_core.schedules.base import reward_time  # noqa: PLC0415
+    from thundersync_core.schedules.base import events, reward_time  # noqa: PLC0415
 
-    live = config.rollout.max_live_episodes
-    options = {"max_live": live} if live else {}
     t0 = time.time()
-    stream = rig.rollout.rollout.options(num_returns="streaming").remote(specs, **options)
-    trajectories = [e for e in (ray.get(ref) for ref in stream) if isinstance(e, Trajectory)]
+    trajectories = [e for e in events(ctx, specs) if isinstance(e, Trajectory)]
     return trajectories, max(reward_time(t) for t in trajectories) - t0
 
 
@@ -172,6 +167,8 @@ def measure_contention(rig: BenchRig, config: TrainConfig, step: int) -> dict[st
     import ray  # noqa: PLC0415
 
     from thundersync_core.pools import plan_step  # noqa: PLC0415
+    from thundersync_core.schedules import RunContext  # noqa: PLC0415
+    from thundersync_core.schedules.base import Roles  # noqa: PLC0415
 
     if config.objective != "grpo" or config.resources.learner.ranks > 1:
         return None
@@ -179,16 +176,23 @@ def measure_contention(rig: BenchRig, config: TrainConfig, step: int) -> dict[st
     ray.get(rig.rollout.load_weights.remote(*ray.get(learner.weights_and_version.remote())))
     specs = plan_step(config, rig.task_ids, step)
     groups = rig.groups(specs)
-    batch, first_rollout_s = _timed_rollout(rig, config, specs)
+    ctx = RunContext(
+        config,
+        Roles(rig.rollout, learner, rig.teacher),
+        lambda k: plan_step(config, rig.task_ids, k),
+        rig.groups,
+        _collector([]),
+    )
+    batch, first_rollout_s = _timed_rollout(ctx, specs)
     batch.sort(key=lambda t: t.trajectory_id)
-    _, alone_rollout_s = _timed_rollout(rig, config, specs)
+    _, alone_rollout_s = _timed_rollout(ctx, specs)
     alone = {i: t1 - t0 for i, t0, t1 in ray.get(learner.time_sources.remote(groups, batch))}
     folder = Path(tempfile.mkdtemp(prefix="thundersync-contention-"))
     try:
         stop = folder / "stop"
         served = learner.time_sources.remote(groups, batch, str(stop))
         t0 = time.time()
-        _, loaded_rollout_s = _timed_rollout(rig, config, specs)
+        _, loaded_rollout_s = _timed_rollout(ctx, specs)
         end = t0 + loaded_rollout_s
         stop.touch()
         beside = [(i, b - a) for i, a, b in ray.get(served) if a >= t0 and b <= end]

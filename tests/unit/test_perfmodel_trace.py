@@ -186,15 +186,13 @@ def test_contention_slows_only_thundersync_and_is_validated() -> None:
         ],
     }
     plain = predict_from_trace(trace)
-    slowed = predict_from_trace(
-        {**trace, "contention": {"learner_slowdown": 1.5, "rollout_slowdown": 1.2}}
-    )
+    slowed = predict_from_trace({**trace, "contention": {"learner_slowdown": 1.5}})
     assert slowed["sync"] == plain["sync"], "sync overlaps nothing: contention does not enter"
-    # u = 2/3 of the stretched rollout busy: stretch 1 + 0.2 u; by hand step 4.8889 s.
-    assert slowed["contention"]["rollout_stretch"] == pytest.approx(1 + 0.2 * 2 / 3)
-    assert slowed["thundersync"]["step_s"] == pytest.approx(4.888889, abs=1e-6)
+    # By hand: the first source runs 1-3 s at 2/3 speed (4/3 s of its 2 s done), the rest
+    # at full speed to 3.667 s; the second from there to 4.667 s.
+    assert slowed["thundersync"]["step_s"] == pytest.approx(4.0 + 2 / 3)
     assert plain["thundersync"]["step_s"] == pytest.approx(4.0)
-    for bad in [{"learner_slowdown": 0}, {"rollout_slowdown": -1.0}, "fast"]:
+    for bad in [{"learner_slowdown": 0}, {"learner_slowdown": -1.0}, "fast"]:
         with pytest.raises(TraceFormatError, match="contention"):
             predict_from_trace({**trace, "contention": bad})
 

@@ -51,29 +51,8 @@ def fifo_finish(
     slowed)."""
     if len(release_s) != len(service_s):
         raise ValueError(f"release_s has {len(release_s)} entries, service_s {len(service_s)}")
-    if not slowdown > 0.0:
-        raise ValueError(f"slowdown must be positive, got {slowdown}")
-    order = sorted(range(len(release_s)), key=lambda i: release_s[i])
-    clock_s = start_s
-    idle_s = 0.0
-    busy_s = 0.0
-    finish_by_order = []
-    intervals = []
-    for i in order:
-        if release_s[i] > clock_s:
-            idle_s += release_s[i] - clock_s
-            clock_s = release_s[i]
-        begin_s = clock_s
-        clock_s = _serve(clock_s, service_s[i], slowdown, slow_until_s)
-        busy_s += clock_s - begin_s
-        finish_by_order.append(clock_s)
-        intervals.append((begin_s, clock_s))
-    return QueueResult(
-        finish_s=tuple(finish_by_order),
-        last_finish_s=clock_s,
-        busy_s=busy_s if slowdown != 1.0 else float(sum(service_s)),
-        idle_s=idle_s,
-        intervals=tuple(intervals),
+    return _queue(
+        release_s, service_s, None, 0, start_s, slowdown=slowdown, slow_until_s=slow_until_s
     )
 
 
@@ -96,22 +75,44 @@ def grouped_finish(
         )
     if max_open_groups < 1:
         raise ValueError(f"max_open_groups must be >= 1, got {max_open_groups}")
+    return _queue(
+        release_s,
+        service_s,
+        groups,
+        max_open_groups,
+        start_s,
+        slowdown=slowdown,
+        slow_until_s=slow_until_s,
+    )
+
+
+def _queue(
+    release_s: Sequence[float],
+    service_s: Sequence[float],
+    groups: Sequence[str] | None,
+    max_open_groups: int,
+    start_s: float,
+    *,
+    slowdown: float,
+    slow_until_s: float,
+) -> QueueResult:
+    """The one server loop; ``groups`` None: no cap."""
     if not slowdown > 0.0:
         raise ValueError(f"slowdown must be positive, got {slowdown}")
     size: dict[str, int] = {}
-    for g in groups:
+    for g in groups or ():
         size[g] = size.get(g, 0) + 1
     order = sorted(range(len(release_s)), key=lambda i: release_s[i])
     rank = {i: n for n, i in enumerate(order)}
     served: dict[str, int] = {}
     open_groups: set[str] = set()
     held: list[int] = []
-    finish = [0.0] * len(order)
+    finish = [start_s] * len(order)
     intervals: list[tuple[float, float]] = []
     clock_s, idle_s, busy_s = start_s, 0.0, 0.0
 
     def admissible(i: int) -> bool:
-        return groups[i] in open_groups or len(open_groups) < max_open_groups
+        return groups is None or groups[i] in open_groups or len(open_groups) < max_open_groups
 
     def process(i: int) -> None:
         nonlocal clock_s, busy_s
@@ -120,6 +121,8 @@ def grouped_finish(
         busy_s += clock_s - begin_s
         intervals.append((begin_s, clock_s))
         finish[rank[i]] = clock_s
+        if groups is None:
+            return
         group = groups[i]
         open_groups.add(group)
         served[group] = served.get(group, 0) + 1
@@ -134,21 +137,15 @@ def grouped_finish(
             held.append(i)
             continue
         process(i)
-        progressed = True
-        while progressed and held:
-            progressed = False
-            for j in held:
-                if admissible(j):
-                    held.remove(j)
-                    process(j)
-                    progressed = True
-                    break
+        while (admitted := next((j for j in held if admissible(j)), None)) is not None:
+            held.remove(admitted)
+            process(admitted)
     if held:
         raise ValueError(f"{len(held)} sources never admitted (more groups than can close)")
     return QueueResult(
         finish_s=tuple(finish),
-        last_finish_s=max(finish, default=start_s),
-        busy_s=busy_s,
+        last_finish_s=clock_s,
+        busy_s=busy_s if slowdown != 1.0 else float(sum(service_s)),
         idle_s=idle_s,
         intervals=tuple(intervals),
     )

@@ -24,13 +24,11 @@ convention of the bench and the sweep too). A sync step's trace predicts thunder
 sample: it holds the release times and the learner's per-source times, measured without
 thundersync running.
 
-Contention (optional, ``"contention": {"learner_slowdown": c, "rollout_slowdown": g}``,
-measured by the bench without thundersync: the learner's service of fixed sources beside a
-rollout over the same alone, and a rollout's length beside a working learner over alone).
-Under thundersync the learner works while the rollout runs, on the same machine: its
-service runs c times slower until the last release, and the rollout stretches by
-1 + (g - 1)·u, u the share of the rollout stage the learner is busy (solved by fixed-point
-iteration from u = 1). Sync overlaps nothing, so its prediction is unchanged.
+Contention (optional, ``"contention": {"learner_slowdown": c}``, measured by the bench
+without thundersync: the learner's service of fixed sources beside a rollout over the same
+alone). Under thundersync the learner works while the rollout runs, on the same machine:
+its service runs c times slower until the last release. Sync overlaps nothing, so its
+prediction is unchanged.
 
 Open-group cap (optional, ``"max_open_groups": m`` and a ``"group"`` per source): the
 streaming GRPO learner holds a source whose group is not open while m groups are, until a
@@ -101,13 +99,10 @@ def _validate_measured(measured: Any) -> dict[str, float]:
 def _validate_contention(contention: Any) -> dict[str, float]:
     if not isinstance(contention, dict):
         raise TraceFormatError("contention: must be an object")
-    out = {}
-    for key in ("learner_slowdown", "rollout_slowdown"):
-        value = contention.get(key, 1.0)
-        out[key] = _number(value, f"contention.{key}")
-        if out[key] == 0.0:
-            raise TraceFormatError(f"contention.{key}: must be positive, got 0")
-    return out
+    value = _number(contention.get("learner_slowdown", 1.0), "contention.learner_slowdown")
+    if value == 0.0:
+        raise TraceFormatError("contention.learner_slowdown: must be positive, got 0")
+    return {"learner_slowdown": value}
 
 
 def validate_trace(trace: Any) -> dict[str, Any]:
@@ -203,9 +198,9 @@ def predict_from_trace(trace: dict[str, Any]) -> dict[str, Any]:
     busy_s = sum(work_s) + len(ranks) * suffix_s
 
     sync_step_s = last_release_s + max(work_s) + suffix_s
-    overlap = _overlapped(clean)
-    stream_release_s = overlap["last_release_s"]
-    thundersync_step_s = max(overlap["last_finish_s"], stream_release_s) + suffix_s
+    # Thundersync: each rank's learner queue, served beside the rollout until the last release.
+    queues = [_serve_rank(clean, sources, last_release_s) for sources in ranks]
+    thundersync_step_s = max(last_release_s, *(q.last_finish_s for q in queues)) + suffix_s
     predicted = sync_step_s / thundersync_step_s if thundersync_step_s > 0 else math.nan
     out: dict[str, Any] = {
         "ranks": len(ranks),
@@ -215,12 +210,12 @@ def predict_from_trace(trace: dict[str, Any]) -> dict[str, Any]:
         "sync": _schedule_summary(sync_step_s, max(work_s), busy_s, len(ranks)),
         "thundersync": _schedule_summary(
             thundersync_step_s,
-            thundersync_step_s - suffix_s - stream_release_s,
-            overlap["busy_s"] + len(ranks) * suffix_s,
+            thundersync_step_s - suffix_s - last_release_s,
+            sum(q.busy_s for q in queues) + len(ranks) * suffix_s,
             len(ranks),
         ),
         "predicted_speedup": predicted,
-        "contention": {**clean["contention"], "rollout_stretch": overlap["stretch"]},
+        "contention": clean["contention"],
         "analytic": _analytic_check(clean, last_release_s),
     }
     measured = clean.get("measured", {})
@@ -240,48 +235,12 @@ def predict_from_trace(trace: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _overlapped(clean: dict[str, Any], iterations: int = 20) -> dict[str, float]:
-    """Thundersync's learner queues beside the rollout, with the trace's contention."""
-    start_s = clean["rollout_start_s"]
-    rollout_slowdown = clean["contention"]["rollout_slowdown"]
-    busy_share = 1.0
-    for _ in range(iterations if rollout_slowdown != 1.0 else 1):
-        stretch = 1.0 + (rollout_slowdown - 1.0) * busy_share
-        queues = []
-        for sources in clean["ranks"]:
-            release = [start_s + (s["release_s"] - start_s) * stretch for s in sources]
-            queues.append((release, [s["service_s"] for s in sources]))
-        last_release_s = max(r for release, _ in queues for r in release)
-        results = [
-            _serve_rank(clean, sources, r, w, last_release_s)
-            for sources, (r, w) in zip(clean["ranks"], queues, strict=True)
-        ]
-        rollout_s = last_release_s - start_s
-        shares = [
-            _busy_before(q.intervals, last_release_s) / rollout_s if rollout_s > 0 else 1.0
-            for q in results
-        ]
-        new_share = min(1.0, sum(shares) / len(shares))
-        converged = abs(new_share - busy_share) < 1e-9
-        busy_share = new_share
-        if converged:
-            break
-    return {
-        "last_release_s": last_release_s,
-        "last_finish_s": max(q.last_finish_s for q in results),
-        "busy_s": sum(q.busy_s for q in results),
-        "stretch": stretch,
-    }
-
-
 def _serve_rank(
-    clean: dict[str, Any],
-    sources: list[dict[str, Any]],
-    release_s: list[float],
-    service_s: list[float],
-    slow_until_s: float,
+    clean: dict[str, Any], sources: list[dict[str, Any]], slow_until_s: float
 ) -> QueueResult:
     """One rank's queue: FIFO, or with the trace's open-group cap."""
+    release_s = [s["release_s"] for s in sources]
+    service_s = [s["service_s"] for s in sources]
     start_s = clean["rollout_start_s"]
     slowdown = clean["contention"]["learner_slowdown"]
     cap = clean["max_open_groups"]
@@ -296,11 +255,6 @@ def _serve_rank(
         )
     except ValueError as exc:
         raise TraceFormatError(f"max_open_groups: {exc}") from exc
-
-
-def _busy_before(intervals: tuple[tuple[float, float], ...], until_s: float) -> float:
-    """Server time spent before ``until_s``."""
-    return sum(max(0.0, min(end, until_s) - begin) for begin, end in intervals)
 
 
 def load_trace(path: Path) -> dict[str, Any]:
