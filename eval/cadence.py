@@ -140,11 +140,44 @@ def _default_engine(kind: str) -> EngineFactory:
     return make
 
 
+# A one-file checkpoint's weights, which a running engine can load; sharded ones (large
+# models) get an engine of their own.
+WEIGHTS_FILE = "model.safetensors"
+
+
+class _Engines:
+    """One engine for a call's checkpoints: started on the first, then given each next
+    checkpoint's weights (``load_weights``, which also drops the prefix cache), since an
+    engine start costs far more than a weight load. A checkpoint whose model config differs
+    from the running engine's (another architecture) gets an engine of its own."""
+
+    def __init__(self, factory: EngineFactory) -> None:
+        self.factory = factory
+        self.engine: RolloutEngine | None = None
+        self.config: bytes | None = None
+
+    def for_checkpoint(self, checkpoint: Checkpoint) -> RolloutEngine:
+        model_dir = checkpoint.model_dir
+        config = (model_dir / "config.json").read_bytes()
+        weights = model_dir / WEIGHTS_FILE
+        if self.engine is not None and config == self.config and weights.is_file():
+            self.engine.load_weights(weights, checkpoint.policy_version)
+            return self.engine
+        self.close()
+        self.engine, self.config = self.factory(model_dir), config
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            engine.close()
+
+
 def _evaluate_checkpoint(
     checkpoint: Checkpoint,
     pools: Mapping[str, Sequence[AgentTask]],
     settings: EvalSettings,
-    engine_factory: EngineFactory,
+    engines: _Engines,
     tokenizer_dir: Path | None,
 ) -> list[dict[str, Any]]:
     from thundersync_core.policy.io import load_tokenizer  # noqa: PLC0415 - torch import
@@ -152,11 +185,8 @@ def _evaluate_checkpoint(
     if not (checkpoint.model_dir / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint.path}: model/ holds no config.json")
     tokenizer = load_tokenizer(tokenizer_dir or checkpoint.model_dir)
-    engine = engine_factory(checkpoint.model_dir)
-    try:
-        rows = evaluate(engine, tokenizer, pools, settings)  # type: ignore[arg-type]
-    finally:
-        engine.close()
+    engine = engines.for_checkpoint(checkpoint)
+    rows = evaluate(engine, tokenizer, pools, settings)  # type: ignore[arg-type]
     tags = {
         "run": checkpoint.run,
         "schedule": checkpoint.schedule,
@@ -203,16 +233,21 @@ def evaluate_run(
     engine_factory: EngineFactory | None = None,
     tokenizer_dir: Path | None = None,
 ) -> CadenceResult:
-    """Evaluate every published, not yet evaluated checkpoint; rebuild the summary."""
-    factory = engine_factory or _default_engine(engine_kind)
+    """Evaluate every published, not yet evaluated checkpoint; rebuild the summary.
+
+    One engine serves the call's checkpoints of one architecture (see ``_Engines``)."""
+    engines = _Engines(engine_factory or _default_engine(engine_kind))
     result = CadenceResult()
-    for checkpoint in list_checkpoints(run_dir):
-        out = eval_file(run_dir, checkpoint.step)
-        if out.is_file():
-            result.skipped.append(checkpoint.step)
-            continue
-        rows = _evaluate_checkpoint(checkpoint, pools, settings, factory, tokenizer_dir)
-        write_jsonl(out, rows)
-        result.evaluated.append(checkpoint.step)
+    try:
+        for checkpoint in list_checkpoints(run_dir):
+            out = eval_file(run_dir, checkpoint.step)
+            if out.is_file():
+                result.skipped.append(checkpoint.step)
+                continue
+            rows = _evaluate_checkpoint(checkpoint, pools, settings, engines, tokenizer_dir)
+            write_jsonl(out, rows)
+            result.evaluated.append(checkpoint.step)
+    finally:
+        engines.close()
     result.summary = rebuild_summary(run_dir)
     return result

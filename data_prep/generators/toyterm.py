@@ -11,10 +11,11 @@ million parameters can learn some) to multi-step scripts.
 A task folder ``<out_dir>/toyterm-<family>-<nnnn>/`` holds ``task.toml``, ``instruction.md``,
 ``environment/`` (a Dockerfile FROM python:3.11-slim that COPYs the input files, and the
 files), ``solution/solve.sh`` (the reference, run with bash in /app) and ``tests/``:
-``test.sh`` runs ``python3 -I test_outputs.py`` and then, last, replaces
+``test.sh`` runs ``python3 -I -S test_outputs.py`` and then, last, replaces
 /logs/verifier with a fresh folder holding reward.txt: 1 if the checks passed, else 0.
 ``-I`` keeps files the agent left in /app or $HOME (a ``sitecustomize``, a user
-site-packages) out of the verifier's interpreter. The checks and
+site-packages) out of the verifier's interpreter; ``-S`` skips site-packages altogether
+(the checks use the standard library only, and start faster without them). The checks and
 every expected value live in ``test_outputs.py`` (see ``verifier_runtime.py``).
 
 Determinism: task ``n`` of a family draws its parameters from ``random.Random`` seeded with
@@ -64,7 +65,7 @@ TEST_SH = """\
 # The reward is written once, last, over whatever the checked programs left in
 # /logs/verifier (the checks kill those programs before they return).
 reward=0
-if cd /app && python3 -I /tests/test_outputs.py; then
+if cd /app && python3 -I -S /tests/test_outputs.py; then
   reward=1
 fi
 rm -rf /logs/verifier

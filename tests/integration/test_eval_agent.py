@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from data_prep.generators.minismith import PROJECTS_DIR, generate, store_snapshot
 from eval.cadence import evaluate_run
@@ -33,7 +34,7 @@ from eval.passk import load_results, score
 from eval.swe_tasks import load_swe_tasks
 from eval.terminal_eval import EvalSettings, evaluate, summarize
 from thundersync_core.cli import main
-from thundersync_core.policy import load_tokenizer
+from thundersync_core.policy import load_model, load_tokenizer, save_policy
 from thundersync_core.rollout.cli import make_engine
 from thundersync_core.rollout.engine import GenerationRequest, GenerationResult, SamplingConfig
 from thundersync_core.rollout.sandbox import SandboxUnavailable, open_sandbox
@@ -229,12 +230,13 @@ def test_cadence_evaluates_each_checkpoint_once(tiny_policy_dir, tmp_path):
 
     first = evaluate_run(run, pools, settings, engine_factory=engine_factory)
     assert first.evaluated == [2, 4]
-    assert made == [run / "checkpoints" / f"step-{s:06d}" / "model" for s in (2, 4)]
+    # One engine for the call: started on step 2, given step 4's weights.
+    assert made == [run / "checkpoints" / "step-000002" / "model"]
     again = evaluate_run(run, pools, settings, engine_factory=engine_factory)
-    assert (again.evaluated, again.skipped, len(made)) == ([], [2, 4], 2)
+    assert (again.evaluated, again.skipped, len(made)) == ([], [2, 4], 1)
     write_checkpoint(run, 6, tiny_policy_dir, 1.75)
     third = evaluate_run(run, pools, settings, engine_factory=engine_factory)
-    assert (third.evaluated, third.skipped) == ([6], [2, 4])
+    assert (third.evaluated, third.skipped, len(made)) == ([6], [2, 4], 2)
     summary = [json.loads(t) for t in (run / "eval" / "summary.jsonl").read_text().splitlines()]
     assert [(s["step"], s["device_hours"]) for s in summary] == [(2, 0.5), (4, 1.0), (6, 1.75)]
     for line in summary:
@@ -249,3 +251,70 @@ def test_cadence_evaluates_each_checkpoint_once(tiny_policy_dir, tmp_path):
     assert [(r["task_id"], r["attempt"], r["step"]) for r in step_rows] == [
         ("count-lines", 0, 4), ("count-lines", 1, 4),
     ]  # fmt: skip
+
+
+class RecordingEngine:
+    """The transformers engine, keeping every request's sampled tokens and version."""
+
+    def __init__(self, model_dir: Path, log: dict[str, list], label: str) -> None:
+        self.inner = make_engine("hf", model_dir)
+        self.log, self.label = log, label
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    def generate(self, requests, sampling):
+        results = self.inner.generate(requests, sampling)
+        for result in results:
+            self.log.setdefault(self.label, []).append(
+                (result.request_id, result.token_ids, result.policy_version)
+            )
+        return results
+
+    def load_weights(self, path: Path, version: int) -> None:
+        self.inner.load_weights(path, version)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_one_engine_for_many_checkpoints_samples_what_fresh_engines_sample(
+    tiny_policy_dir, tmp_path
+):
+    # Step 4 holds other weights than step 2: a reused engine that kept step 2's weights
+    # (or its prefix cache) would sample step 2's tokens again.
+    other = tmp_path / "other-policy"
+    model = load_model(tiny_policy_dir)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.5)
+    save_policy(model, load_tokenizer(tiny_policy_dir), other)
+    pools = {"terminal": load_terminal_tasks(TASKS)[:2]}
+    settings = EvalSettings(k=2, max_turns=2, max_tokens_per_turn=16)
+    samples: dict[str, list] = {}
+    for mode in ("reused", "fresh"):
+        run = tmp_path / mode
+        write_checkpoint(run, 2, tiny_policy_dir, 0.5)
+        write_checkpoint(run, 4, other, 1.0)
+        made: list[Path] = []
+
+        def factory(model_dir: Path, made=made, mode=mode):
+            made.append(model_dir)
+            return RecordingEngine(model_dir, samples, f"{mode}/{model_dir.parent.name}")
+
+        if mode == "reused":
+            evaluate_run(run, pools, settings, engine_factory=factory)
+            assert len(made) == 1
+        else:  # one call per checkpoint, so an engine each
+            shutil.rmtree(run / "checkpoints" / "step-000004")
+            evaluate_run(run, pools, settings, engine_factory=factory)
+            write_checkpoint(run, 4, other, 1.0)
+            evaluate_run(run, pools, settings, engine_factory=factory)
+            assert len(made) == 2
+    tokens = {label: [(r, t) for r, t, _ in rows] for label, rows in samples.items()}
+    fresh_2, fresh_4 = tokens["fresh/step-000002"], tokens["fresh/step-000004"]
+    assert tokens["reused/step-000002"] == fresh_2 + fresh_4
+    assert fresh_2 != fresh_4
+    reused_versions = [v for _, _, v in samples["reused/step-000002"]]
+    assert set(reused_versions[len(fresh_2) :]) == {4}  # step 4's policy_version

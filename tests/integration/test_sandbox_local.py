@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 import uuid
@@ -245,6 +246,21 @@ def test_missing_bubblewrap_is_reported_by_package_name(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SandboxUnavailable, match="bubblewrap"):
         LocalSandbox()
+
+
+def test_a_bubblewrap_that_cannot_start_is_refused_at_open(monkeypatch, tmp_path):
+    # Probed once per binary and process: a working bwrap earlier in the session must not
+    # vouch for another one.
+    with open_sandbox("local") as box:
+        assert box.exec("echo up").stdout == "up\n"
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    before = set(Path(tempfile.gettempdir()).glob("thundersync-sandbox-*"))
+    with pytest.raises(SandboxUnavailable, match=r"could not start a sandbox.*namespace"):
+        LocalSandbox()
+    assert set(Path(tempfile.gettempdir()).glob("thundersync-sandbox-*")) <= before
 
 
 def test_cli_prints_one_json_result(tmp_path):

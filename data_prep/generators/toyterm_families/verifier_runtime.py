@@ -14,19 +14,12 @@ counts as a failure.
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import gzip
-import io
-import json
+# Only what every run needs is imported here: a verifier runs once per graded episode, and
+# the modules a few checks need (tarfile, subprocess, ...) are imported by those checks.
 import os
-import shutil
 import signal
 import stat
-import subprocess
 import sys
-import tarfile
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -182,6 +175,9 @@ def check_tree(
 
 def check_tar(root: str, path: str, files: Mapping[str, str], gzipped: bool = True) -> None:
     """An archive whose file members are exactly ``files`` (``./`` prefixes forgiven)."""
+    import io  # noqa: PLC0415
+    import tarfile  # noqa: PLC0415
+
     data = _read_regular(root, path)
     if gzipped != data.startswith(_GZIP_MAGIC):
         raise CheckFailed(f"{path}: {'not' if gzipped else 'unexpectedly'} gzip-compressed")
@@ -199,6 +195,8 @@ def check_tar(root: str, path: str, files: Mapping[str, str], gzipped: bool = Tr
 
 
 def check_gzip(root: str, path: str, expected: str) -> None:
+    import gzip  # noqa: PLC0415
+
     data = _read_regular(root, path)
     if not data.startswith(_GZIP_MAGIC):
         raise CheckFailed(f"{path}: not gzip-compressed")
@@ -208,6 +206,8 @@ def check_gzip(root: str, path: str, expected: str) -> None:
 
 
 def check_json(root: str, path: str, expected: Any) -> None:
+    import json  # noqa: PLC0415
+
     try:
         actual = json.loads(_read_text(root, path))
     except json.JSONDecodeError as exc:
@@ -217,6 +217,9 @@ def check_json(root: str, path: str, expected: Any) -> None:
 
 
 def check_csv(root: str, path: str, rows: Sequence[Sequence[str]]) -> None:
+    import csv  # noqa: PLC0415
+    import io  # noqa: PLC0415
+
     actual = [row for row in csv.reader(io.StringIO(_read_text(root, path))) if row]
     if actual != [list(row) for row in rows]:
         raise CheckFailed(f"{path}: expected rows {_show(str(rows))}, found {_show(str(actual))}")
@@ -228,6 +231,9 @@ def check_program(root: str, script: str, argv: Sequence[str], cases: Sequence[A
     A case has ``files`` (written to a fresh folder), ``args`` (``{dir}`` names that
     folder), ``stdin`` and the expected ``stdout``.
     """
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
     _read_regular(root, script)
     for number, case in enumerate(cases, 1):
         folder = tempfile.mkdtemp(prefix="toyterm-case-")
@@ -244,6 +250,8 @@ def check_program(root: str, script: str, argv: Sequence[str], cases: Sequence[A
 
 
 def _run_case(number: int, argv: list[str], stdin: str, expected: str, cwd: str) -> None:
+    import subprocess  # noqa: PLC0415
+
     # Its own session, ended with the case: what the program left running in the
     # background is killed (and what escaped the session, by ``kill_strays``).
     with subprocess.Popen(
@@ -309,6 +317,8 @@ def run_checks(checks: Sequence[Mapping[str, Any]], root: str = ROOT) -> int:
 
 
 def _kill_session(session_id: int) -> None:
+    import contextlib  # noqa: PLC0415
+
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(session_id, signal.SIGKILL)
 

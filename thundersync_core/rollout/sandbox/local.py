@@ -70,6 +70,10 @@ _CHUNK_BYTES = 1 << 20
 _KILL_GRACE_S = 5.0
 _SETUP_TIMEOUT_S = 30.0
 _DEV_SHM_BYTES = 64 << 20
+# The bubblewrap binaries that have started a sandbox in this process. Whether one can
+# (user namespaces, capabilities, seccomp) is a property of the host, so it is probed once
+# per process, not once per sandbox: a rollout opens one sandbox per episode.
+_BWRAP_STARTED: set[str] = set()
 
 
 def _require_tool(name: str, package: str) -> str:
@@ -177,12 +181,15 @@ class LocalSandbox(Sandbox):
         self._host_tests_dir.mkdir(mode=0o755)
 
     def _check_bwrap_starts(self) -> None:
+        if self._bwrap in _BWRAP_STARTED:
+            return
         probe = self.exec(["true"], timeout_s=_SETUP_TIMEOUT_S)
         if probe.exit_code != 0:
             raise SandboxUnavailable(
                 f"bubblewrap ({self._bwrap}) could not start a sandbox here "
                 f"(exit {probe.exit_code}): {probe.stderr.strip()}"
             )
+        _BWRAP_STARTED.add(self._bwrap)
 
     def _own(self, path: Path) -> None:
         if self._lease is not None:
