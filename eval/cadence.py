@@ -165,6 +165,9 @@ class _Engines:
             return self.engine
         self.close()
         self.engine, self.config = self.factory(model_dir), config
+        # It holds that checkpoint's weights: its samples carry the checkpoint's version,
+        # as they do after a load.
+        self.engine.policy_version = checkpoint.policy_version
         return self.engine
 
     def close(self) -> None:

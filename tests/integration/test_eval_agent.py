@@ -264,6 +264,10 @@ class RecordingEngine:
     def policy_version(self) -> int:
         return self.inner.policy_version
 
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.inner.policy_version = version
+
     def generate(self, requests, sampling):
         results = self.inner.generate(requests, sampling)
         for result in results:
@@ -316,5 +320,9 @@ def test_one_engine_for_many_checkpoints_samples_what_fresh_engines_sample(
     fresh_2, fresh_4 = tokens["fresh/step-000002"], tokens["fresh/step-000004"]
     assert tokens["reused/step-000002"] == fresh_2 + fresh_4
     assert fresh_2 != fresh_4
-    reused_versions = [v for _, _, v in samples["reused/step-000002"]]
-    assert set(reused_versions[len(fresh_2) :]) == {4}  # step 4's policy_version
+    versions = {label: [v for _, _, v in rows] for label, rows in samples.items()}
+    assert (
+        versions["reused/step-000002"]
+        == versions["fresh/step-000002"] + versions["fresh/step-000004"]
+    )
+    assert set(versions["fresh/step-000004"]) == {4}  # the checkpoint's policy_version
