@@ -142,7 +142,7 @@ def _default_engine(kind: str) -> EngineFactory:
 
 # A one-file checkpoint's weights, which a running engine can load; sharded ones (large
 # models) get an engine of their own.
-WEIGHTS_FILE = "model.safetensors"
+_WEIGHTS_FILE = "model.safetensors"
 
 
 class _Engines:
@@ -159,7 +159,7 @@ class _Engines:
     def for_checkpoint(self, checkpoint: Checkpoint) -> RolloutEngine:
         model_dir = checkpoint.model_dir
         config = (model_dir / "config.json").read_bytes()
-        weights = model_dir / WEIGHTS_FILE
+        weights = model_dir / _WEIGHTS_FILE
         if self.engine is not None and config == self.config and weights.is_file():
             self.engine.load_weights(weights, checkpoint.policy_version)
             return self.engine
