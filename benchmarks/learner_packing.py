@@ -4,7 +4,8 @@ best sync learner, on the same batch.
 Rewards land in waves (``--wave`` trajectories at a time, in a seeded random order), as
 they do when a bounded number of episodes is in flight: the streaming learner gets each
 wave as it lands, one trajectory at a time (``per-source``) or as one ``submit_many``
-(``packed``, packs of at most ``--pack-tokens`` padded tokens). The sync learners get the
+(``packed``, packs of at most ``--pack-tokens`` padded tokens; ``fixed order``: a group
+runs once whole, in trajectory-id order, bitwise the sync update). The sync learners get the
 whole batch once it is complete: the per-source executor fed in trajectory-id order, the
 padded whole-batch learner, and the packed executor. Busy time is the learner's own work
 (submits and the barrier), the median of ``--repeats`` runs, on ``--threads`` threads (the
@@ -66,8 +67,13 @@ def learners(
                 learner.submit(traj)
         return learner.finish()
 
-    def packed(sources: list[list[Trajectory]], cap: int) -> object:
-        learner = StreamingGRPOLearner(model, loss_agg="token-mean", max_open_groups=cap)
+    def packed(sources: list[list[Trajectory]], cap: int, order: str = "arrival") -> object:
+        learner = StreamingGRPOLearner(
+            model,
+            loss_agg="token-mean",
+            max_open_groups=cap,
+            order=order,  # type: ignore[arg-type]
+        )
         learner.begin_batch(groups)
         for wave in sources:
             learner.submit_many(wave, pack_tokens=args.pack_tokens)
@@ -87,6 +93,8 @@ def learners(
         "sync packed": lambda: packed([ordered], n_groups),
         "streaming per-source": lambda: per_source(arrivals, args.max_open_groups),
         "streaming packed": lambda: packed(arrivals, args.max_open_groups),
+        "sync packed, fixed order": lambda: packed([ordered], n_groups, "fixed"),
+        "streaming packed, fixed order": lambda: packed(arrivals, args.max_open_groups, "fixed"),
     }
 
 
@@ -146,6 +154,17 @@ def main() -> None:
         "best_sync": best_sync,
         "streaming_packed_over_best_sync": rows["streaming packed"]["over_best_sync"],
         "streaming_per_source_over_best_sync": rows["streaming per-source"]["over_best_sync"],
+        "streaming_packed_fixed_over_best_sync": rows["streaming packed, fixed order"][
+            "over_best_sync"
+        ],
+        "fixed_order_bitwise_sync": all(
+            torch.equal(a, b)
+            for a, b in zip(
+                results["sync packed, fixed order"].grad_objective.values(),  # type: ignore[attr-defined]
+                results["streaming packed, fixed order"].grad_objective.values(),  # type: ignore[attr-defined]
+                strict=True,
+            )
+        ),
         "learners": rows,
         "shape": shape,
         "command": "python " + " ".join(["benchmarks/learner_packing.py", *sys.argv[1:]]),

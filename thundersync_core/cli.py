@@ -28,6 +28,10 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         "--pack-tokens", default=0, type=int,
         help="GRPO stream: arrivals in random chunks, run as packs of at most N tokens",
     )  # fmt: skip
+    p.add_argument(
+        "--order", default="arrival", choices=["arrival", "fixed"],
+        help="GRPO stream: sums in arrival order, or in trajectory-id order (bitwise sync's)",
+    )  # fmt: skip
     p.add_argument("--out", required=True, type=Path)
 
 
@@ -68,6 +72,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_open_groups=args.max_open_groups,
         pack_tokens=args.pack_tokens,
+        order=args.order,
     )
     print(json.dumps(summary))
     return 0

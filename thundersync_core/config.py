@@ -152,7 +152,8 @@ class TrainConfig(_Strict):
     #: Trajectories that landed while the learner was busy go over together, and those
     #: that close their group run as one padded pack (one backward) of at most this many
     #: tokens; 0: one at a time. Applies to the per-source GRPO learner of sync and
-    #: thundersync on one rank with learner_order arrival (``packs``); ignored elsewhere.
+    #: thundersync on one rank (``packs``); ignored elsewhere. With learner_order fixed a
+    #: group runs once its last trajectory lands, in trajectory-id order, as packs.
     learner_pack_tokens: int = Field(default=0, ge=0)
     #: Roles (rollout with its engine, learner, teacher) restarted from the latest
     #: checkpoint when one dies mid-run, before the run stops naming the fault.
@@ -191,13 +192,12 @@ class TrainConfig(_Strict):
     @property
     def packs(self) -> bool:
         """Whether the learner runs packs: ``learner_pack_tokens`` set, and the per-source
-        GRPO learner of sync or thundersync, in arrival order, on one rank (elsewhere
+        GRPO learner of sync or thundersync, on one rank (elsewhere
         sources go over one at a time)."""
         return bool(
             self.learner_pack_tokens
             and self.objective == "grpo"
             and self.schedule in ("sync", "thundersync")
-            and self.learner_order == "arrival"
             and self.sync_learner == "per-source"
             and self.resources.learner.ranks == 1
         )

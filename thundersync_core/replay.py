@@ -62,17 +62,21 @@ def replay(
     seed: int = 0,
     max_open_groups: int = 4,
     pack_tokens: int = 0,
+    order: str = "arrival",
 ) -> dict[str, object]:
     """Replay ``batch_path``; nothing is written unless the whole batch is valid.
 
     With ``pack_tokens`` (GRPO, stream) the shuffled batch arrives in chunks of seeded
-    random sizes, each handed over at once and run as packs (``submit_many``)."""
+    random sizes, each handed over at once and run as packs (``submit_many``); ``order``
+    is the streaming learner's summation order (``fixed``: bitwise the sync update)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"--objective {objective!r}: choose one of {sorted(OBJECTIVES)}")
     if schedule not in ("sync", "stream"):
         raise ValueError(f"--schedule {schedule!r}: choose sync or stream")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {sorted(DTYPES)}")
+    if order not in ("arrival", "fixed"):
+        raise ValueError(f"--order {order!r}: choose arrival or fixed")
     trajectories = read_batch(batch_path)
     teacher_turns: dict[str, list[tuple[float, ...]]] = {}
     top_k = 0
@@ -93,6 +97,7 @@ def replay(
             max_open_groups=max_open_groups,
             rng=rng,
             pack_tokens=pack_tokens,
+            order=order,
         )
     else:
         learner = _feed_opd(model, trajectories, teacher_turns, schedule, rng, top_k=top_k)
@@ -108,6 +113,7 @@ def replay(
         **({"teacher_top_k": top_k} if objective == "opd" else {}),
         "dtype": dtype,
         "seed": seed,
+        **({"order": order} if objective == "grpo" and schedule == "stream" else {}),
         "n_sources": result.n_sources,
         "n_groups": result.n_groups,
         "n_trajectories": len(trajectories),
@@ -130,12 +136,17 @@ def _feed_grpo(
     max_open_groups: int,
     rng: random.Random,
     pack_tokens: int = 0,
+    order: str = "arrival",
 ) -> LearnerBase:
     version = min(t.policy_version for t in trajectories)
     learner: StreamingGRPOLearner | SyncGRPOLearner
     if schedule == "stream":
         learner = StreamingGRPOLearner(
-            model, loss_agg=loss_agg, max_open_groups=max_open_groups, policy_version=version
+            model,
+            loss_agg=loss_agg,
+            max_open_groups=max_open_groups,
+            policy_version=version,
+            order=order,  # type: ignore[arg-type]
         )
         trajectories = rng.sample(trajectories, len(trajectories))
     else:

@@ -43,14 +43,15 @@ def batch_file(tmp_path_factory):
 def test_replay_sync_and_stream_agree_in_fp64(micro_model_dir, batch_file, tmp_path, loss_agg):
     path, batch = batch_file
     outs = {}
-    for schedule, seed, pack in [("sync", 0, 0), ("stream", 1, 0), ("stream", 2, 0),
-                                 ("stream", 3, 4096)]:  # fmt: skip
+    for schedule, seed, pack, order in [("sync", 0, 0, "arrival"), ("stream", 1, 0, "arrival"),
+                                        ("stream", 2, 0, "arrival"), ("stream", 3, 4096, "arrival"),
+                                        ("stream", 4, 64, "fixed")]:  # fmt: skip
         out = tmp_path / f"{schedule}-{seed}"
         done = thundersync(
             "replay", "--model", str(micro_model_dir), "--batch", str(path),
             "--objective", "grpo", "--schedule", schedule, "--loss-agg", loss_agg,
             "--dtype", "float64", "--seed", str(seed), "--pack-tokens", str(pack),
-            "--out", str(out),
+            "--order", order, "--out", str(out),
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         summary = json.loads((out / "summary.json").read_text())
@@ -59,10 +60,15 @@ def test_replay_sync_and_stream_agree_in_fp64(micro_model_dir, batch_file, tmp_p
         assert summary["wall_s"] > 0
         outs[(schedule, seed)] = out
     sync = outs[("sync", 0)] / "gradient.safetensors"
-    for key in [("stream", 1), ("stream", 2), ("stream", 3)]:
+    for key in [("stream", 1), ("stream", 2), ("stream", 3), ("stream", 4)]:
         assert compare_gradients(sync, outs[key] / "gradient.safetensors") <= 1e-10
     packed = json.loads((outs[("stream", 3)] / "summary.json").read_text())["counters"]
     assert packed["packed_trajectories"] > 0  # the packed path ran
+    fixed = json.loads((outs[("stream", 4)] / "summary.json").read_text())
+    assert fixed["order"] == "fixed"
+    # Every trajectory ran in a pack (none one at a time), a group at a time.
+    assert fixed["counters"]["packed_trajectories"] == 12
+    assert fixed["counters"]["trajectory_backwards"] == 0
 
     model = load_model(micro_model_dir, dtype=torch.float64)
     objective, ref = reference_grad_j(model, batch, loss_agg)

@@ -7,6 +7,8 @@ below one row forces single rows; a large one whole groups) are checked against 
 independent reference (full-sequence forwards, one backward of the summed loss): float64
 1e-10, float32 1e-5. Members that close their group run as one pack with one backward; the
 members of a group that stays open run one at a time: the counters show which ran.
+With ``order="fixed"`` a group runs once whole, in trajectory-id order: bitwise the update
+of the whole batch at once (sync's), whatever the arrival and chunking.
 """
 
 from __future__ import annotations
@@ -112,3 +114,58 @@ def test_a_non_finite_pack_score_is_refused_naming_the_trajectory(micro64, batch
     broken = members[1].__class__(**{**members[1].__dict__, "reward": float("nan")})
     with pytest.raises(Exception, match=members[1].trajectory_id):
         learner.submit_many([members[0], broken], pack_tokens=10_000)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("pack_tokens", [16, 10_000])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fixed_order_packs_match_the_reference(micro64, micro32, batch, dtype, pack_tokens, seed):
+    model = micro64 if dtype == torch.float64 else micro32
+    ref_objective, ref_grads = reference_grad_j(model, batch, "token-mean")
+    learner = StreamingGRPOLearner(model, loss_agg="token-mean", max_open_groups=1, order="fixed")
+    result = run_packed(learner, batch, seed=seed, pack_tokens=pack_tokens)
+    assert rel_diff(ref_grads, result.grad_objective) <= TOLERANCE[dtype]
+    assert result.objective == pytest.approx(ref_objective, rel=TOLERANCE[dtype], abs=1e-12)
+    assert result.counters["trajectory_backwards"] == 0
+    assert result.counters["packed_trajectories"] == len(batch)
+
+
+@pytest.mark.parametrize("pack_tokens", [16, 64, 10_000])
+def test_fixed_order_packs_are_bitwise_the_whole_batch_at_once(micro32, batch, pack_tokens):
+    # float32, where the arrival-order packs differ in the last bits (checked first).
+    def at_once():
+        learner = StreamingGRPOLearner(micro32, max_open_groups=3, order="fixed")
+        learner.begin_batch(groups_of(batch))
+        learner.submit_many(list(reversed(batch)), pack_tokens=pack_tokens)
+        return learner.finish().grad_objective
+
+    whole = at_once()
+    arrival = [
+        run_packed(StreamingGRPOLearner(micro32, max_open_groups=3), batch, seed=seed,
+                   pack_tokens=pack_tokens).grad_objective
+        for seed in range(4)
+    ]  # fmt: skip
+    assert any(not torch.equal(g[k], whole[k]) for g in arrival for k in whole), (
+        "arrival order should move float32 sums (else this test shows nothing)"
+    )
+    for seed in range(4):
+        learner = StreamingGRPOLearner(micro32, max_open_groups=3, order="fixed")
+        grads = run_packed(learner, batch, seed=seed, pack_tokens=pack_tokens).grad_objective
+        for name, grad in whole.items():
+            assert torch.equal(grads[name], grad), (seed, name)
+        assert learner.live_statistics_bytes() == 0
+
+
+def test_fixed_order_packs_wait_for_the_whole_group(micro64, batch):
+    members = [t for t in batch if t.group_id == batch[0].group_id]
+    learner = StreamingGRPOLearner(micro64, max_open_groups=3, order="fixed")
+    learner.begin_batch(groups_of(batch))
+    learner.submit_many(members[:-1], pack_tokens=10_000)
+    assert learner.counters_so_far()["packed_trajectories"] == 0  # nothing ran yet
+    with pytest.raises(Exception, match=r"g0 \(4/5\)"):
+        learner.finish()
+    learner.submit_many(members[-1:], pack_tokens=10_000)
+    assert learner.counters_so_far()["pack_backwards"] == 1
+    learner.submit_many([t for t in batch if t not in members], pack_tokens=10_000)
+    _, ref_grads = reference_grad_j(micro64, batch)
+    assert rel_diff(ref_grads, learner.finish().grad_objective) <= 1e-10

@@ -226,11 +226,11 @@ def test_packs_apply_to_the_per_source_grpo_learner_of_sync_and_thundersync_only
     base = {"learner_pack_tokens": 4096}
     assert load_config(None, base | {"schedule": "thundersync"}).packs
     assert load_config(None, base | {"schedule": "sync"}).packs
+    assert load_config(None, base | {"learner_order": "fixed"}).packs
     for other in (
         {"schedule": "async"},
         {"schedule": "pipeline"},
         {"objective": "opd"},
-        {"learner_order": "fixed"},
         {"schedule": "sync", "sync_learner": "batched"},
         {"resources.learner.ranks": 2},
         {"learner_pack_tokens": 0},

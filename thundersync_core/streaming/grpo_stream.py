@@ -30,6 +30,13 @@ backwards (sum_i S_i into x2, sum_i (r_i - shift) S_i into x1), as many row back
 one at a time, so the members of a group that stays open run one at a time.
 The sufficient statistics, hence the update, are the per-trajectory path's (up to float
 rounding: a padded row is summed in another order).
+
+Packs with ``order="fixed"``: a group's trajectories wait, as token ids, until its last
+lands; the group then runs in trajectory-id order as packs (each knows its advantages: one
+backward each) and its contribution waits for the barrier, which adds them in group-id
+order. Nothing depends on the arrival, so a thundersync update is bitwise the sync one
+(whose whole batch arrives at once) and the work is the packed sync learner's; the cost is
+that a group's backward starts at its last reward instead of at each.
 """
 
 from __future__ import annotations
@@ -104,6 +111,8 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         #: the barrier in group-id order.
         self._closed: dict[str, tuple[float, list[list[torch.Tensor | None]]]] = {}
         self._held: deque[Trajectory] = deque()
+        #: order="fixed" with packs: group id -> its landed trajectories, until the last.
+        self._waiting: dict[str, list[Trajectory]] = {}
         self._stats = {"groups_closed": 0, "prefix_replays": 0, "sources_held": 0}
         self._stats |= {"peak_open_groups": 0, "trajectory_backwards": 0}
         self._stats |= {"pack_backwards": 0, "packed_trajectories": 0}
@@ -160,9 +169,12 @@ class StreamingGRPOLearner(GRPOLearnerBase):
     def submit_many(self, trajs: Sequence[Trajectory], *, pack_tokens: int = 0) -> None:
         """Several landed trajectories; those of one group run as packs of at most
         ``pack_tokens`` padded tokens (0: one trajectory at a time, as ``submit``)."""
-        if pack_tokens <= 0 or self.order == "fixed":
+        if pack_tokens <= 0:
             for traj in trajs:
                 self.submit(traj)
+            return
+        if self.order == "fixed":
+            self._submit_whole_groups(trajs, pack_tokens)
             return
         by_group: dict[str, list[Trajectory]] = {}
         for traj in trajs:
@@ -177,6 +189,40 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             else:
                 self._held.extend(members)
                 self._stats["sources_held"] += len(members)
+
+    def _submit_whole_groups(self, trajs: Sequence[Trajectory], pack_tokens: int) -> None:
+        """order="fixed" with packs: a group's trajectories wait, as token ids, until the
+        last lands; then the group runs in trajectory-id order as packs that all know their
+        advantages (one backward each), and its contribution waits for the barrier. Every
+        float sum is then taken in an order fixed by the ids, whatever the arrival: the
+        update is bitwise the one of the whole batch handed over at once (sync's)."""
+        for traj in trajs:
+            self._check_reward(traj)
+            self._accept_whole(traj)
+            self._waiting.setdefault(traj.group_id, []).append(traj)
+        for group_id in sorted({traj.group_id for traj in trajs}):
+            members = self._waiting[group_id]
+            if len(members) < self._groups[group_id].size:
+                continue
+            del self._waiting[group_id]
+            members.sort(key=lambda traj: traj.trajectory_id)
+            group = self._open_group(group_id)
+            group.rewards = [traj.reward for traj in members]
+            group.shift = members[0].reward
+            coeff_x1, coeff_x2 = close_coefficients(group.rewards, group.shift)
+            direct: list[torch.Tensor | None] | None = None
+            for pack in _packs(members, pack_tokens):
+                weights = [coeff_x1 * (t.reward - group.shift) + coeff_x2 for t in pack]
+                scores, grads = self._pack_scores_and_grads(pack, group.prefix, weights)
+                group.scores += scores
+                if grads is None:
+                    continue
+                if direct is None:
+                    direct = grads
+                else:
+                    direct = [d if g is None else (g if d is None else d + g)
+                              for d, g in zip(direct, grads, strict=True)]  # fmt: skip
+            self._close(group_id, direct=direct)
 
     def _plan_packs(
         self, group_id: str, members: list[Trajectory], pack_tokens: int
@@ -345,6 +391,9 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             return f"{len(self._open)} group(s) with live statistics: {sorted(self._open)[:5]}"
         if self._held:
             return f"{len(self._held)} held source(s) not yet processed"
+        if self._waiting:
+            waiting = sorted(self._waiting)[:5]
+            return f"{len(self._waiting)} group(s) waiting for trajectories: {waiting}"
         return ""
 
     def _counters(self) -> dict[str, int]:
