@@ -11,7 +11,10 @@ any finished experiment. Per schedule (runs of several seeds pooled):
   mid-flight (``inflight_swaps`` > 0);
 - dev pass rate before and after training, with a 95% interval over tasks (samples of one
   task are not independent, so the standard error is over per-task rates) and the paired
-  count of tasks that gained or lost solved samples against the run's own start.
+  count of tasks that gained or lost solved samples against the run's own start;
+- the learner the schedule ran (``learner_name``, from the run's resolved config) and on
+  how many steps its mean reward equals the baseline's (a thundersync run from the same
+  start with the same seeds samples exactly what sync samples while their updates agree).
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["dev_interval", "paired_counts", "schedule_rows", "schedules_markdown"]
+__all__ = [
+    "dev_interval",
+    "learner_name",
+    "paired_counts",
+    "schedule_rows",
+    "schedules_markdown",
+]
 
 
 def _records(run_dir: Path) -> list[dict[str, Any]]:
@@ -36,6 +45,43 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
 def _summary(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def learner_name(config: Mapping[str, Any]) -> str:
+    """What the run's learner was, in the config's terms: ``batched`` (sync's padded
+    whole-batch learner) or ``per-source``, with its packs and summation order."""
+    if config.get("schedule") == "sync" and config.get("sync_learner") == "batched":
+        return "batched"
+    name = "per-source"
+    ranks = ((config.get("resources") or {}).get("learner") or {}).get("ranks", 1)
+    packs = (
+        config.get("learner_pack_tokens")
+        and config.get("objective", "grpo") == "grpo"
+        and config.get("schedule") in ("sync", "thundersync")
+        and ranks == 1
+    )
+    if packs:
+        name += f", packs <= {config['learner_pack_tokens']} tokens"
+    if config.get("objective", "grpo") == "grpo" and config.get("learner_order") == "fixed":
+        name += ", id order"
+    return name
+
+
+def _config(run_dir: Path) -> dict[str, Any]:
+    import yaml  # noqa: PLC0415
+
+    path = Path(run_dir) / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def _same_rewards(
+    records: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]
+) -> int | None:
+    """Steps whose mean reward equals the baseline's at the same step (None: no rewards)."""
+    ours = {r["step"]: r["reward_mean"] for r in records if "reward_mean" in r}
+    theirs = {r["step"]: r["reward_mean"] for r in baseline if "reward_mean" in r}
+    common = set(ours) & set(theirs)
+    return sum(ours[k] == theirs[k] for k in common) if common else None
 
 
 def dev_interval(dev: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -82,10 +128,12 @@ def schedule_rows(
         befores = [s["dev_before"] for s in summaries if "dev_before" in s]
         afters = [s["dev_after"] for s in summaries if "dev_after" in s]
         pairs = [paired_counts(b, a) for b, a in zip(befores, afters, strict=False)]
+        learners = sorted({learner_name(_config(d)) for d in dirs})
         rows.append(
             {
                 "schedule": schedule,
                 "runs": len(dirs),
+                "learner": "; ".join(learners) if any(_config(d) for d in dirs) else None,
                 "steps": len(records),
                 "median_step_wall_s": statistics.median(walls) if walls else None,
                 "median_tail_s": statistics.median(tails) if tails else None,
@@ -104,7 +152,16 @@ def schedule_rows(
             }
         )
     base = next((r for r in rows if r["schedule"] == baseline), None)
+    base_records = (
+        [r for d in by_schedule[baseline] for r in _records(d)] if base is not None else []
+    )
     for row in rows:
+        if len(by_schedule[row["schedule"]]) == 1 and base and base["runs"] == 1:
+            row["same_rewards_steps"] = _same_rewards(
+                _records(by_schedule[row["schedule"]][0]), base_records
+            )
+        else:
+            row["same_rewards_steps"] = None  # several seeds: steps do not pair up
         row["speedup"] = _ratio(base and base["median_step_wall_s"], row["median_step_wall_s"])
         row["tail_share_of_baseline"] = _ratio(row["median_tail_s"], base and base["median_tail_s"])
     return rows
@@ -112,6 +169,10 @@ def schedule_rows(
 
 def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
+
+
+def _steps_cell(count: int | None, row: Mapping[str, Any]) -> str:
+    return "-" if count is None else f"{count}/{row['steps']}"
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -122,8 +183,8 @@ def schedules_markdown(rows: Sequence[Mapping[str, Any]], baseline: str = "sync"
     lines = [
         f"| schedule | steps | median step s | speedup vs {baseline} | median tail s | "
         f"tail / {baseline}'s | stale tokens | steps with in-flight swaps | dev before | "
-        "dev after (95% CI) | tasks +/- |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"dev after (95% CI) | tasks +/- | learner | steps with {baseline}'s reward |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for row in rows:
         interval = row["dev_after_interval"]
@@ -137,7 +198,8 @@ def schedules_markdown(rows: Sequence[Mapping[str, Any]], baseline: str = "sync"
             f"{_cell(row['tail_share_of_baseline'], '.0%')} | "
             f"{_cell(row['stale_token_share'], '.0%')} | "
             f"{row['inflight_swap_steps']}/{row['steps']} | {_cell(row['dev_before'], '.1%')} | "
-            f"{after} | {'-' if gained is None else f'+{gained}/-{lost}'} |"
+            f"{after} | {'-' if gained is None else f'+{gained}/-{lost}'} | "
+            f"{row.get('learner') or '-'} | {_steps_cell(row.get('same_rewards_steps'), row)} |"
         )
     first = next((r for r in rows if r["dev_tasks"]), None)
     if first is not None:

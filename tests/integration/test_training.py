@@ -89,14 +89,14 @@ def test_sync_and_thundersync_agree_on_the_first_step(tmp_path, tiny_prep_dir, s
 
 def test_packed_learners_give_the_per_source_update(tmp_path, tiny_prep_dir, solver_policy_dir):
     records = {}
-    for name, schedule, pack in (
-        ("per-source", "sync", 0),
-        ("sync-packed", "sync", 4096),
-        ("thundersync-packed", "thundersync", 4096),
+    for name, schedule, pack, order in (
+        ("per-source", "sync", 0, "arrival"),
+        ("sync-packed", "sync", 4096, "fixed"),
+        ("thundersync-packed", "thundersync", 4096, "fixed"),
     ):
         cfg = load_config(
             train_config_file(tmp_path, tiny_prep_dir, solver_policy_dir),
-            {"schedule": schedule, "learner_pack_tokens": pack},
+            {"schedule": schedule, "learner_pack_tokens": pack, "learner_order": order},
         )
         train(cfg, tmp_path / name)
         records[name] = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
@@ -112,6 +112,13 @@ def test_packed_learners_give_the_per_source_update(tmp_path, tiny_prep_dir, sol
     for name in ("sync-packed", "thundersync-packed"):
         for key in ("loss", "grad_norm", "reward_mean"):
             assert records[name][key] == pytest.approx(records["per-source"][key], rel=1e-5), key
+    # Packs in trajectory-id order: thundersync's update is bitwise sync's.
+    assert records["thundersync-packed"]["packed_trajectories"] == 8
+    sync, stream = (
+        checkpoint_weights(tmp_path / n, 1) for n in ("sync-packed", "thundersync-packed")
+    )
+    assert sync.keys() == stream.keys()
+    assert all(torch.equal(sync[k], stream[k]) for k in sync)
 
 
 def test_opd_over_the_teachers_top_k_agrees_between_sync_and_thundersync(

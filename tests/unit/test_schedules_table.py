@@ -6,12 +6,20 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tasks.schedules_table import dev_interval, paired_counts, schedule_rows, schedules_markdown
+from tasks.schedules_table import (
+    dev_interval,
+    learner_name,
+    paired_counts,
+    schedule_rows,
+    schedules_markdown,
+)
 
 
-def write_run(folder: Path, walls, tails, stale, swaps, before, after) -> dict:
+def write_run(folder: Path, walls, tails, stale, swaps, before, after, rewards=None) -> dict:
     folder.mkdir(parents=True)
+    rewards = rewards or [0.5] * len(walls)
     records = [
         {
             "step": i,
@@ -19,9 +27,13 @@ def write_run(folder: Path, walls, tails, stale, swaps, before, after) -> dict:
             "learner_tail_s": t,
             "staleness_tokens": {"0": 10 - s, "1": s},
             "inflight_swaps": n,
+            "reward_mean": r,
         }
-        for i, (w, t, s, n) in enumerate(zip(walls, tails, stale, swaps, strict=True))
+        for i, (w, t, s, n, r) in enumerate(zip(walls, tails, stale, swaps, rewards, strict=True))
     ]
+    config = {"schedule": folder.name, "objective": "grpo", "learner_pack_tokens": 4096,
+              "learner_order": "fixed", "resources": {"learner": {"ranks": 1}}}  # fmt: skip
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     dev = lambda solved: {  # noqa: E731
         "pass_rate": sum(solved.values()) / (2 * len(solved)),
@@ -41,7 +53,7 @@ def test_rows_hold_speedups_tail_shares_staleness_and_paired_dev_counts(tmp_path
         write_run(tmp_path / "sync", [10, 12, 11], [4, 5, 6], [0, 0, 0], [0, 0, 0], before,
                   {"a": 1, "b": 1, "c": 2, "d": 0}),
         write_run(tmp_path / "pipeline", [5, 6, 7], [0.5, 1, 0.25], [0, 5, 5], [0, 3, 0], before,
-                  {"a": 2, "b": 2, "c": 1, "d": 1}),
+                  {"a": 2, "b": 2, "c": 1, "d": 1}, rewards=[0.5, 0.25, 0.5]),
     ]  # fmt: skip
     rows = {r["schedule"]: r for r in schedule_rows(runs)}
     assert rows["sync"]["speedup"] == 1.0
@@ -54,7 +66,8 @@ def test_rows_hold_speedups_tail_shares_staleness_and_paired_dev_counts(tmp_path
     assert (rows["pipeline"]["tasks_gained"], rows["pipeline"]["tasks_lost"]) == (2, 1)
     table = schedules_markdown(list(rows.values()))
     assert "| pipeline | 3 | 6.00 | 1.83x | 0.50 | 10% | 33% | 1/3 |" in table
-    assert "+2/-1" in table
+    assert "+1/-1 | per-source, packs <= 4096 tokens, id order | 3/3 |" in table  # sync
+    assert "+2/-1 | per-source, id order | 2/3 |" in table  # pipeline: no packs, one step off
     assert "4 tasks x 2 samples" in table
 
 
@@ -66,3 +79,14 @@ def test_dev_interval_is_over_per_task_rates() -> None:
     assert high - low == pytest.approx(2 * 1.96 * (1 / 6) ** 0.5 / 2)
     assert dev_interval({"samples": 2, "solved": {"a": 1}}) is None
     assert paired_counts({"solved": {"a": 1}}, {"solved": {"a": 1, "b": 2}}) == (0, 0)
+
+
+def test_learner_names_follow_the_config() -> None:
+    assert learner_name({"schedule": "sync", "sync_learner": "batched"}) == "batched"
+    assert learner_name({"schedule": "thundersync", "sync_learner": "batched"}) == "per-source"
+    packed = {"schedule": "thundersync", "learner_pack_tokens": 512}
+    assert learner_name(packed) == "per-source, packs <= 512 tokens"
+    assert learner_name(packed | {"objective": "opd"}) == "per-source"  # packs are GRPO's
+    two_ranks = packed | {"resources": {"learner": {"ranks": 2}}}
+    assert learner_name(two_ranks) == "per-source"
+    assert learner_name({"schedule": "async", "learner_order": "fixed"}) == "per-source, id order"
