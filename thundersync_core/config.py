@@ -115,6 +115,10 @@ class RolloutConfig(_Strict):
     #: Episodes in flight at once (0: the whole batch). Fewer makes rollout waves: a
     #: finished episode's slot goes to a waiting one, so rewards land throughout the stage.
     max_live_episodes: int = Field(default=0, ge=0)
+    #: CPU cores the graders run on (their threads, and the verifier processes those
+    #: start); empty: the rollout role's cores. On a small machine the learner's core is
+    #: idle while sync rolls out, and grading is the rollout's most separable CPU work.
+    grader_cores: tuple[int, ...] = ()
 
 
 class TrainConfig(_Strict):

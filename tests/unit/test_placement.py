@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from thundersync_core.rollout.agent import grader_pool
 from thundersync_core.runtime.placement import pin_to_cores
 
 # Run in a child: pinning changes the whole process, which the test session must not suffer.
@@ -62,3 +63,39 @@ def test_a_core_the_host_lacks_is_named():
     missing = max(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))) + 1
     with pytest.raises(ValueError, match=rf"cores \[{missing}\] do not exist"):
         pin_to_cores([missing])
+
+
+GRADERS = textwrap.dedent(
+    """
+    import json, os, subprocess, sys
+    from thundersync_core.rollout.agent import grader_pool
+    from thundersync_core.runtime.placement import pin_to_cores
+
+    rollout, grader = int(sys.argv[1]), int(sys.argv[2])
+    pin_to_cores([rollout])
+    pool = grader_pool(2, [grader])
+    child = "import os; print(sorted(os.sched_getaffinity(0)))"
+    thread, verifier = pool.submit(lambda: (
+        sorted(os.sched_getaffinity(0)),
+        subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout,
+    )).result()
+    print(json.dumps({"thread": thread, "verifier": json.loads(verifier),
+                      "main": sorted(os.sched_getaffinity(0))}))
+    """
+)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_graders_and_the_processes_they_start_run_on_their_cores():
+    rollout, grader = sorted(os.sched_getaffinity(0))[:2]
+    done = subprocess.run(
+        [sys.executable, "-c", GRADERS, str(rollout), str(grader)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"thread": [grader], "verifier": [grader], "main": [rollout]}
+
+
+def test_grader_cores_that_do_not_exist_are_refused_naming_the_key():
+    with pytest.raises(ValueError, match=r"rollout.grader_cores: cores \[4096\]"):
+        grader_pool(2, [4096])

@@ -21,6 +21,7 @@ Action tokens are exactly the sampled ids; the observation segment carries the c
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections import deque
@@ -45,6 +46,25 @@ SYSTEM_PROMPT = (
 )
 PARSE_ERROR = "No command found: reply with one ```bash block, closing ``` on its own line."
 _BLOCK = re.compile(r"```(?:bash|sh)?[ \t]*\n(.*?)\n```[ \t]*(?:\n|$)", re.DOTALL)
+
+
+def grader_pool(max_workers: int, cores: Sequence[int] = ()) -> ThreadPoolExecutor:
+    """The graders' threads; with ``cores`` each pins itself there first, and a verifier
+    process it starts inherits that (a thread's affinity passes to what it forks)."""
+    if not cores:
+        return ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grader")
+    available = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
+    bad = sorted(set(cores) - available)
+    if bad:
+        raise ValueError(
+            f"rollout.grader_cores: cores {bad} do not exist on this host ({sorted(available)})"
+        )
+    return ThreadPoolExecutor(
+        max_workers=max_workers,
+        thread_name_prefix="grader",
+        initializer=os.sched_setaffinity,  # pid 0: the calling thread only
+        initargs=(0, set(cores)),
+    )
 
 
 class AgentTask(Protocol):
@@ -176,6 +196,7 @@ class Agent:
         sampling: SamplingConfig | None = None,
         base_seed: int = 0,
         max_workers: int = 8,
+        grader_cores: Sequence[int] = (),
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -187,7 +208,7 @@ class Agent:
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sandbox")
         # Graders get their own threads: a finished trajectory's reward must not wait
         # behind the next round's commands (its release time is when the reward lands).
-        self.graders = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grader")
+        self.graders = grader_pool(max_workers, grader_cores)
         # Episodes started and not yet handed out (generating, executing or being graded).
         self._in_flight: dict[str, _Live] = {}
 

@@ -85,6 +85,7 @@ class RolloutWorker:
             config=agent_config,
             sampling=SamplingConfig(temperature=config.temperature, stop_token_ids=(end_id,)),
             base_seed=seed,
+            grader_cores=config.grader_cores,
         )
         self._pending: tuple[Path, int] | None = None
         self._engine_pids = self.engine_pids()
