@@ -26,6 +26,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+from pydantic import ValidationError
+
+from thundersync_core.config import TrainConfig
+
 __all__ = [
     "dev_interval",
     "learner_name",
@@ -47,31 +52,29 @@ def _summary(run_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def learner_name(config: Mapping[str, Any]) -> str:
+def learner_name(config: TrainConfig) -> str:
     """What the run's learner was, in the config's terms: ``batched`` (sync's padded
     whole-batch learner) or ``per-source``, with its packs and summation order."""
-    if config.get("schedule") == "sync" and config.get("sync_learner") == "batched":
+    if config.schedule == "sync" and config.sync_learner == "batched":
         return "batched"
     name = "per-source"
-    ranks = ((config.get("resources") or {}).get("learner") or {}).get("ranks", 1)
-    packs = (
-        config.get("learner_pack_tokens")
-        and config.get("objective", "grpo") == "grpo"
-        and config.get("schedule") in ("sync", "thundersync")
-        and ranks == 1
-    )
-    if packs:
-        name += f", packs <= {config['learner_pack_tokens']} tokens"
-    if config.get("objective", "grpo") == "grpo" and config.get("learner_order") == "fixed":
+    if config.packs:
+        name += f", packs <= {config.learner_pack_tokens} tokens"
+    if config.objective == "grpo" and config.learner_order == "fixed":
         name += ", id order"
     return name
 
 
-def _config(run_dir: Path) -> dict[str, Any]:
-    import yaml  # noqa: PLC0415
-
+def _learner(run_dir: Path) -> str | None:
+    """The learner of the run's resolved config (None: no config, or one this version of
+    the config no longer reads)."""
     path = Path(run_dir) / "config.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    if not path.is_file():
+        return None
+    try:
+        return learner_name(TrainConfig.model_validate(yaml.safe_load(path.read_text()) or {}))
+    except ValidationError:
+        return None
 
 
 def _same_rewards(
@@ -128,12 +131,12 @@ def schedule_rows(
         befores = [s["dev_before"] for s in summaries if "dev_before" in s]
         afters = [s["dev_after"] for s in summaries if "dev_after" in s]
         pairs = [paired_counts(b, a) for b, a in zip(befores, afters, strict=False)]
-        learners = sorted({learner_name(_config(d)) for d in dirs})
+        learners = sorted({name for d in dirs if (name := _learner(d))})
         rows.append(
             {
                 "schedule": schedule,
                 "runs": len(dirs),
-                "learner": "; ".join(learners) if any(_config(d) for d in dirs) else None,
+                "learner": "; ".join(learners) or None,
                 "steps": len(records),
                 "median_step_wall_s": statistics.median(walls) if walls else None,
                 "median_tail_s": statistics.median(tails) if tails else None,

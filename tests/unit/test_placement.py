@@ -10,14 +10,13 @@ import textwrap
 
 import pytest
 
-from thundersync_core.rollout.agent import grader_pool
-from thundersync_core.runtime.placement import pin_to_cores
+from thundersync_core.runtime.placement import check_cores, pin_to_cores
 
 # Run in a child: pinning changes the whole process, which the test session must not suffer.
 CHILD = textwrap.dedent(
     """
     import json, os, sys, threading
-    from thundersync_core.runtime.placement import pin_to_cores
+    from thundersync_core.runtime.placement import check_cores, pin_to_cores
 
     go, started = threading.Event(), {}
 
@@ -69,7 +68,7 @@ GRADERS = textwrap.dedent(
     """
     import json, os, subprocess, sys
     from thundersync_core.rollout.agent import grader_pool
-    from thundersync_core.runtime.placement import pin_to_cores
+    from thundersync_core.runtime.placement import check_cores, pin_to_cores
 
     rollout, grader = int(sys.argv[1]), int(sys.argv[2])
     pin_to_cores([rollout])
@@ -98,4 +97,4 @@ def test_graders_and_the_processes_they_start_run_on_their_cores():
 
 def test_grader_cores_that_do_not_exist_are_refused_naming_the_key():
     with pytest.raises(ValueError, match=r"rollout.grader_cores: cores \[4096\]"):
-        grader_pool(2, [4096])
+        check_cores([4096], "rollout.grader_cores")

@@ -15,6 +15,7 @@ from tasks.schedules_table import (
     schedule_rows,
     schedules_markdown,
 )
+from thundersync_core.config import load_config
 
 
 def write_run(folder: Path, walls, tails, stale, swaps, before, after, rewards=None) -> dict:
@@ -82,11 +83,13 @@ def test_dev_interval_is_over_per_task_rates() -> None:
 
 
 def test_learner_names_follow_the_config() -> None:
-    assert learner_name({"schedule": "sync", "sync_learner": "batched"}) == "batched"
-    assert learner_name({"schedule": "thundersync", "sync_learner": "batched"}) == "per-source"
+    def name(**fields) -> str:
+        return learner_name(load_config(None, fields))
+
+    assert name(schedule="sync", sync_learner="batched") == "batched"
+    assert name(schedule="thundersync", sync_learner="batched") == "per-source"
     packed = {"schedule": "thundersync", "learner_pack_tokens": 512}
-    assert learner_name(packed) == "per-source, packs <= 512 tokens"
-    assert learner_name(packed | {"objective": "opd"}) == "per-source"  # packs are GRPO's
-    two_ranks = packed | {"resources": {"learner": {"ranks": 2}}}
-    assert learner_name(two_ranks) == "per-source"
-    assert learner_name({"schedule": "async", "learner_order": "fixed"}) == "per-source, id order"
+    assert name(**packed) == "per-source, packs <= 512 tokens"
+    assert name(**packed, objective="opd") == "per-source"  # packs are GRPO's
+    assert name(**packed, **{"resources.learner.ranks": 2}) == "per-source"
+    assert name(schedule="async", learner_order="fixed") == "per-source, id order"

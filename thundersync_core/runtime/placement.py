@@ -41,6 +41,14 @@ def remote_role(cls: type, role: RoleResources, *, max_concurrency: int = 1) -> 
     )
 
 
+def check_cores(cores: Sequence[int], key: str) -> None:
+    """Refuse cores this host does not have, naming the config ``key``."""
+    available = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
+    bad = [c for c in cores if c not in available]
+    if bad:
+        raise ValueError(f"{key}: cores {bad} do not exist on this host ({sorted(available)})")
+
+
 def pin_to_cores(cores: Sequence[int]) -> None:
     """Pin this process (every thread it has, and what they spawn later) to ``cores``; size
     torch's pool to match.
@@ -51,10 +59,7 @@ def pin_to_cores(cores: Sequence[int]) -> None:
     """
     if not cores:
         return
-    available = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
-    bad = [c for c in cores if c not in available]
-    if bad:
-        raise ValueError(f"resources: cores {bad} do not exist on this host ({sorted(available)})")
+    check_cores(cores, "resources")
     wanted = set(cores)
     os.sched_setaffinity(0, wanted)
     for tid in _thread_ids():

@@ -27,7 +27,7 @@ from thundersync_core.batch import Trajectory
 from thundersync_core.config import RolloutConfig
 from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, TurnReady
 from thundersync_core.rollout.engine import SamplingConfig
-from thundersync_core.runtime.placement import pin_to_cores
+from thundersync_core.runtime.placement import check_cores, pin_to_cores
 from thundersync_core.streaming.base import LearnerRefusal
 
 
@@ -53,6 +53,7 @@ class RolloutWorker:
         policy_version: int = 0,
     ) -> None:
         pin_to_cores(cores)
+        check_cores(config.grader_cores, "rollout.grader_cores")
         from thundersync_core.policy.io import load_tokenizer  # noqa: PLC0415
         from thundersync_core.rollout.cli import make_engine  # noqa: PLC0415
         from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox  # noqa: PLC0415
