@@ -99,6 +99,7 @@ def load_checkpoint(
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"checkpoint {path}: no {STATE_FILE} (not a checkpoint)")
+    refuse_weights_only(path)
     from safetensors.torch import load_file  # noqa: PLC0415 - only on resume
 
     weights: dict[str, torch.Tensor] = {}
@@ -117,6 +118,57 @@ def load_checkpoint(
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
     return json.loads((path / STATE_FILE).read_text())
+
+
+#: What a weights-only checkpoint keeps (evaluation loads ``model/``).
+_WEIGHTS_ONLY_KEEP = {"model", STATE_FILE}
+
+
+def prune_checkpoints(root: Path, *, keep_last: int, keep_every: int = 0) -> dict[str, list[int]]:
+    """Keep the last ``keep_last`` complete checkpoints whole (0: keep everything); of the
+    older ones, those whose step is a multiple of ``keep_every`` keep only their weights
+    and state.json (marked ``weights_only``), the rest are removed. Returns the steps
+    slimmed and removed. The latest checkpoint, the one a resume takes, is always whole."""
+    done: dict[str, list[int]] = {"weights_only": [], "removed": []}
+    if keep_last < 1:
+        return done
+    complete = sorted(
+        (p for p in Path(root).glob("step-*") if (p / STATE_FILE).is_file()),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
+    for path in complete[:-keep_last]:
+        step = int(path.name.split("-")[1])
+        if keep_every and step % keep_every == 0:
+            state = json.loads((path / STATE_FILE).read_text())
+            if state.get("weights_only"):
+                continue
+            state["weights_only"] = True
+            tmp = path / (STATE_FILE + ".partial")
+            tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+            tmp.replace(path / STATE_FILE)
+            for item in path.iterdir():
+                if item.name in _WEIGHTS_ONLY_KEEP:
+                    continue
+                if item.is_dir():
+                    shutil.rmtree(item)
+                else:
+                    item.unlink()
+            done["weights_only"].append(step)
+        else:
+            shutil.rmtree(path)
+            done["removed"].append(step)
+    return done
+
+
+def refuse_weights_only(path: Path) -> None:
+    """A resume from a checkpoint whose optimizer and RNG states were pruned is refused."""
+    state = json.loads((Path(path) / STATE_FILE).read_text())
+    if state.get("weights_only"):
+        raise ValueError(
+            f"checkpoint {path} holds weights only (its optimizer and RNG states were removed "
+            "by checkpoint_keep_last); resume from a later checkpoint, or load its model/ "
+            "folder as policy.path for a new run"
+        )
 
 
 def latest_checkpoint(root: Path) -> Path | None:

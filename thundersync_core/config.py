@@ -43,8 +43,28 @@ class LearnerResources(RoleResources):
     ranks: int = Field(default=1, ge=1)
 
 
+class RolloutResources(RoleResources):
+    """The rollout role's resources in total; ``engines`` > 1 starts that many inference
+    engines as their own Ray actors, each with an equal share of the GPUs and CPUs (and of
+    ``cores``), and spreads the agent's requests over them (``rollout/engine_pool.py``)."""
+
+    engines: int = Field(default=1, ge=1)
+    #: GPUs one vLLM engine spans (tensor parallelism); vLLM only.
+    tensor_parallel_size: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _gpus_cover_engines(self) -> RolloutResources:
+        if self.num_gpus and self.num_gpus < self.engines * self.tensor_parallel_size:
+            raise ValueError(
+                f"resources.rollout: {self.engines} engine(s) x tensor_parallel_size "
+                f"{self.tensor_parallel_size} need {self.engines * self.tensor_parallel_size} "
+                f"GPUs; num_gpus is {self.num_gpus:g}"
+            )
+        return self
+
+
 class ResourcesConfig(_Strict):
-    rollout: RoleResources = RoleResources(cores=(0,))
+    rollout: RolloutResources = RolloutResources(cores=(0,))
     learner: LearnerResources = LearnerResources(cores=(1,))
     #: The OPD teacher is light next to generation; it shares the rollout core by default.
     teacher: RoleResources = RoleResources(num_cpus=0.0, cores=(0,))
@@ -119,6 +139,17 @@ class RolloutConfig(_Strict):
     #: start); empty: the rollout role's cores. On a small machine the learner's core is
     #: idle while sync rolls out, and grading is the rollout's most separable CPU work.
     grader_cores: tuple[int, ...] = ()
+    #: How new weights reach the engines: ``file`` (a safetensors file under /dev/shm that
+    #: each engine reads; one host) or ``collective`` (the learner broadcasts them to every
+    #: engine worker over a torch.distributed group, gloo on CPU and NCCL on GPU, in the
+    #: engine's dtype, in buckets of ``publication_bucket_mb``; vLLM engines).
+    publication: Literal["file", "collective"] = "file"
+    publication_bucket_mb: float = Field(default=64.0, gt=0)
+    #: Collective publication: every engine checks, after loading, that each parameter's
+    #: bytes are what the learner sent, and that what arrived hashes as what was sent; a
+    #: difference fails the step naming the engine and parameter. Costs a hash of the model
+    #: per step on both sides.
+    verify_publication: bool = False
 
 
 class TrainConfig(_Strict):
@@ -144,6 +175,14 @@ class TrainConfig(_Strict):
     #: likely tokens per position and trains on the reverse KL over the whole vocabulary.
     opd_teacher_top_k: int = Field(default=0, ge=0)
     checkpoint_every: int = Field(default=2, ge=1)
+    #: Checkpoints kept whole (weights, optimizer and RNG states: what a resume needs): the
+    #: last N; 0 keeps every one. Older ones are removed, except those on
+    #: ``checkpoint_keep_every``.
+    checkpoint_keep_last: int = Field(default=0, ge=0)
+    #: Older checkpoints whose step is a multiple of this keep their weights (``model/``)
+    #: and state.json for evaluation (``eval cadence``); their optimizer and RNG states go.
+    #: 0: none are kept past the last ``checkpoint_keep_last``.
+    checkpoint_keep_every: int = Field(default=0, ge=0)
     #: Sync's learner: the same per-source executor as thundersync (the default, so the
     #: two differ only in schedule) or the padded whole-batch learner.
     sync_learner: Literal["per-source", "batched"] = "per-source"
@@ -166,8 +205,9 @@ class TrainConfig(_Strict):
     #: and optimizer on every rank; ``fsdp2`` shards master weights, gradients and optimizer
     #: state with FSDP2 beside a full compute replica (see ``parallel/fsdp.py``).
     learner_sharding: Literal["replicated", "fsdp2"] = "replicated"
-    #: The learner's compute dtype; ``bfloat16`` (mixed precision: float32 accumulators,
-    #: master weights and optimizer) needs ``learner_sharding: fsdp2``.
+    #: The learner's compute dtype; ``bfloat16`` is mixed precision: the forward and
+    #: backward run on a bfloat16 replica, the accumulators, master weights and optimizer
+    #: stay float32 (at one rank and at several, either sharding).
     learner_dtype: Literal["float32", "bfloat16"] = "float32"
     policy: PolicyConfig = PolicyConfig()
     warm_start: WarmStartConfig = WarmStartConfig()
@@ -179,17 +219,17 @@ class TrainConfig(_Strict):
     def _lengths_fit(self) -> TrainConfig:
         if self.rollout.max_tokens_per_turn > self.rollout.max_total_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_total_tokens")
+        if self.rollout.publication == "collective" and (
+            self.schedule == "pipeline" or self.resources.learner.ranks > 1
+        ):
+            raise ValueError(
+                "rollout.publication: collective publishes between batches from a one-process "
+                "learner; the pipeline's in-flight updates and learner ranks > 1 use file"
+            )
         if self.learner_order == "fixed" and self.objective != "grpo":
             raise ValueError(
                 "learner_order: fixed orders the per-source GRPO learner's sums; "
                 "objective opd sums in arrival order (use learner_order: arrival)"
-            )
-        if self.learner_dtype == "bfloat16" and (
-            self.learner_sharding != "fsdp2" or self.resources.learner.ranks < 2
-        ):
-            raise ValueError(
-                "learner_dtype: bfloat16 keeps float32 master weights in the sharded learner; "
-                "it needs learner_sharding: fsdp2 and resources.learner.ranks >= 2"
             )
         return self
 

@@ -87,16 +87,31 @@ class FlopLedger:
         self.forward_tokens = self.backward_tokens = 0
 
 
-def measure_peak_flops(seconds: float = 0.5, size: int = 512) -> float:
-    """Float32 GEMM FLOP/s on the calling thread's cores: the CPU's practical peak."""
+def measure_peak_flops(
+    seconds: float = 0.5, size: int = 512, *, device: str = "cpu", dtype: str = "float32"
+) -> float:
+    """GEMM FLOP/s in ``dtype`` on ``device``: on the CPU, the calling thread's cores."""
     import torch  # noqa: PLC0415 - keeps this module light for orchestration
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    on_gpu = device != "cpu"
+    size = max(size, 4096) if on_gpu else size
+    kind = getattr(torch, dtype)
+    a = torch.randn(size, size, device=device, dtype=kind)
+    b = torch.randn(size, size, device=device, dtype=kind)
+
+    def sync() -> None:
+        if on_gpu:
+            torch.cuda.synchronize(device)
+
     a @ b  # warm-up
+    sync()
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         a @ b
         n += 1
+        if on_gpu and n % 8 == 0:
+            sync()
+    sync()
     return 2.0 * size**3 * n / (time.perf_counter() - t0)
 
 

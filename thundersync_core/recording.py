@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from thundersync_core.batch import trajectory_to_json
-from thundersync_core.checkpoint import due
+from thundersync_core.checkpoint import due, prune_checkpoints
 from thundersync_core.config import TrainConfig
 from thundersync_core.metrics import generated_tokens, inflight_swaps, staleness_tokens
 from thundersync_core.schedules.base import StepOutcome
@@ -44,6 +44,9 @@ class StepRecorder:
             self.peak_rollout_bytes, ray.get(self.rollout.memory_bytes.remote())
         )
         record = step_record(self.config, outcome, self.devices, self.peak_rollout_bytes)
+        if self.config.resources.rollout.engines > 1:
+            # Requests each engine has served so far (the spread over engines).
+            record["engine_requests"] = ray.get(self.rollout.engine_requests.remote())
         wall_s = self.wall_offset_s + (time.time() - self.started_s)
         record |= {"wall_s": wall_s, "device_hours": self.devices * wall_s / 3600.0}
         self._write(outcome, record)
@@ -58,6 +61,11 @@ class StepRecorder:
                 "objective": self.config.objective,
             }
             ray.get(self.learner.save_checkpoint.remote(str(self.out / "checkpoints"), step, extra))
+            prune_checkpoints(
+                self.out / "checkpoints",
+                keep_last=self.config.checkpoint_keep_last,
+                keep_every=self.config.checkpoint_keep_every,
+            )
         self.records.append(record)
         if self.on_step is not None:
             self.on_step(record)
@@ -132,6 +140,12 @@ def step_record(
         "peak_memory_learner_bytes": learner["peak_memory_bytes"],
         "peak_memory_rollout_bytes": rollout_bytes,
         "devices": devices,
+        # Collective publication: bytes broadcast to the engines (file: the file's size).
+        **(
+            {"publication_bytes": learner["publication_bytes"]}
+            if "publication_bytes" in learner
+            else {}
+        ),
     }
 
 

@@ -58,7 +58,9 @@ class Teacher:
             ids_T = torch.tensor(tokens[done : len(tokens) - 1], device=self.device)
             targets_T = torch.tensor(tokens[done + 1 :], device=self.device)
             scored_T = torch.zeros(len(ids_T), dtype=torch.bool, device=self.device)
-            scored_T[start - 1 - done :] = torch.tensor(action.scored, dtype=torch.bool)
+            scored_T[start - 1 - done :] = torch.tensor(
+                action.scored, dtype=torch.bool, device=self.device
+            )
             logp_NV, _ = chunk_vocab_forward(self.model, ids_T, scored_T, cache)
             logprobs_N = logp_NV.gather(-1, targets_T[scored_T][:, None])[:, 0]
             scores = TurnScores(tuple(float(x) for x in logprobs_N.to(torch.float64)))

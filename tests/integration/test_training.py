@@ -205,6 +205,8 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
         schedule=schedule,
         steps=3,
         learner_order="fixed",
+        checkpoint_keep_last=1,  # the resume must still find the latest whole
+        checkpoint_keep_every=2,
     )
     train(load_config(config), tmp_path / "whole")
     killed_pid = _run_and_kill(config, tmp_path / "killed")
@@ -222,6 +224,11 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
     assert max_rel_diff(start, whole) > 1e-4, "training must have moved the weights"
     # Bitwise: the sums are taken in trajectory-id order whatever order rewards landed in.
     assert max_rel_diff(whole, resumed) == 0.0
+    # Retention: the last checkpoint whole, step 2 (on checkpoint_keep_every) as weights.
+    for run in ("whole", "killed"):
+        root = tmp_path / run / "checkpoints"
+        assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003"]
+        assert {p.name for p in (root / "step-000002").iterdir()} == {"model", "state.json"}
     steps = [
         json.loads(x)["step"]
         for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()

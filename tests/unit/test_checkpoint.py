@@ -17,6 +17,7 @@ from thundersync_core.checkpoint import (
     due,
     latest_checkpoint,
     load_checkpoint,
+    prune_checkpoints,
     save_checkpoint,
 )
 from thundersync_core.policy import build_model
@@ -118,3 +119,37 @@ def test_a_full_disk_keeps_the_previous_checkpoint_whole(small_disk):
     assert state["step"] == 1
     for name, param in restored.named_parameters():
         assert torch.equal(param, expected[name]), name
+
+
+def test_pruning_keeps_the_last_whole_and_the_evaluation_cadence_as_weights(tmp_path):
+    """keep_last 2, keep_every 4 over steps 1..9: 8 and 9 stay whole (the latest is what a
+    resume takes), 4 keeps weights and state.json for evaluation, the rest go; a resume
+    from a weights-only checkpoint is refused by name."""
+    model = build_model("micro", seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    root = tmp_path / "checkpoints"
+    pruned = []
+    for step in range(1, 10):
+        save_checkpoint(root, step=step, model=model, optimizer=optimizer, policy_version=step)
+        pruned.append(prune_checkpoints(root, keep_last=2, keep_every=4))
+    assert sorted(p.name for p in root.iterdir()) == ["step-000004", "step-000008", "step-000009"]
+    assert pruned[3] == {"weights_only": [], "removed": [2]}  # after step 4: 3 and 4 kept
+    assert pruned[5] == {"weights_only": [4], "removed": []}  # after step 6: 4 slimmed
+    assert pruned[6] == {"weights_only": [], "removed": [5]}  # already slim: left alone
+    for step in (8, 9):
+        assert {p.name for p in (root / f"step-{step:06d}").iterdir()} == {
+            "model",
+            "optimizer.pt",
+            "rng.pt",
+            "state.json",
+        }
+    slim = root / "step-000004"
+    assert {p.name for p in slim.iterdir()} == {"model", "state.json"}
+    assert (slim / "model" / "config.json").is_file()
+    assert latest_checkpoint(root) == root / "step-000009"
+    with pytest.raises(ValueError, match=r"step-000004 holds weights only"):
+        load_checkpoint(slim, model=model, optimizer=optimizer)
+    load_checkpoint(root / "step-000009", model=model, optimizer=optimizer)
+    # keep_last 0 keeps everything; pruning again changes nothing.
+    assert prune_checkpoints(root, keep_last=0) == {"weights_only": [], "removed": []}
+    assert prune_checkpoints(root, keep_last=2, keep_every=4) == {"weights_only": [], "removed": []}

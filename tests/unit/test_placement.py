@@ -10,7 +10,13 @@ import textwrap
 
 import pytest
 
-from thundersync_core.runtime.placement import check_cores, pin_to_cores
+from thundersync_core.config import (
+    LearnerResources,
+    ResourcesConfig,
+    RoleResources,
+    RolloutResources,
+)
+from thundersync_core.runtime.placement import check_cores, check_feasible, pin_to_cores
 
 # Run in a child: pinning changes the whole process, which the test session must not suffer.
 CHILD = textwrap.dedent(
@@ -98,3 +104,36 @@ def test_graders_and_the_processes_they_start_run_on_their_cores():
 def test_grader_cores_that_do_not_exist_are_refused_naming_the_key():
     with pytest.raises(ValueError, match=r"rollout.grader_cores: cores \[4096\]"):
         check_cores([4096], "rollout.grader_cores")
+
+
+def _resources(**roles: RoleResources) -> ResourcesConfig:
+    return ResourcesConfig(**roles)
+
+
+def test_roles_the_cluster_cannot_place_are_refused_naming_the_role():
+    """Ray leaves an actor it cannot place pending forever; start-up refuses instead."""
+    one_gpu_node = [{"CPU": 16.0, "GPU": 1.0}]
+    opd = _resources(
+        rollout=RolloutResources(num_cpus=1, num_gpus=1),
+        learner=LearnerResources(num_cpus=1, num_gpus=0),
+        teacher=RoleResources(num_cpus=1, num_gpus=1),
+    )
+    # The teacher's GPUs count: two asked, one there.
+    with pytest.raises(
+        ValueError, match=r"ask for 2 GPUs \(rollout 1, learner 0, teacher 1\).*has 1"
+    ):
+        check_feasible(opd, one_gpu_node)
+    two_nodes = [{"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0, "GPU": 1.0}]
+    check_feasible(opd, two_nodes)  # one GPU role per node fits
+    wide = _resources(rollout=RolloutResources(num_cpus=1, num_gpus=2))
+    with pytest.raises(ValueError, match=r"resources.rollout: its actor needs 1 CPUs and 2 GPUs"):
+        check_feasible(wide, two_nodes)
+    # Two engines of one GPU each fit two one-GPU nodes; one two-GPU engine does not.
+    engines = _resources(rollout=RolloutResources(num_cpus=2, num_gpus=2, engines=2))
+    check_feasible(engines, two_nodes)
+    with pytest.raises(ValueError, match=r"resources.rollout: each of its 2 engines needs"):
+        check_feasible(engines, [{"CPU": 8.0, "GPU": 0.5}] * 4)
+    ranks = _resources(learner=LearnerResources(num_cpus=20, ranks=2))
+    check_feasible(ranks, [{"CPU": 10.0, "GPU": 0.0}] * 2)  # 10 CPUs per rank, one per node
+    with pytest.raises(ValueError, match=r"resources.learner: each of its 2 ranks needs 10 CPUs"):
+        check_feasible(ranks, [{"CPU": 8.0, "GPU": 0.0}] * 2)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from thundersync_core.checkpoint import STATE_FILE, checkpoint_dir
+from thundersync_core.checkpoint import STATE_FILE, checkpoint_dir, refuse_weights_only
 from thundersync_core.parallel.fsdp import TrainState
 
 DCP_DIR = "dcp"
@@ -105,6 +105,7 @@ def load_group_checkpoint(
     The caller refreshes a compute replica from a sharded ``module`` afterwards.
     """
     path = Path(path)
+    refuse_weights_only(path)
     if not is_group_checkpoint(path):
         raise FileNotFoundError(
             f"checkpoint {path}: no {DCP_DIR}/ folder (written by a one-process learner: "

@@ -4,7 +4,9 @@ Two layouts, chosen by ``learner_sharding``:
 
 - ``replicated``: every rank holds the full model, the full reduced gradient and the full
   AdamW state, and takes the identical step (the all-reduce gives every rank the same
-  gradient bitwise). The comparison baseline.
+  gradient bitwise). The comparison baseline. With a lower compute dtype
+  (``MixedPrecisionState``, also the one-process learner's) the model the learner runs is a
+  bfloat16 replica and a float32 master beside it holds the weights, the gradient and AdamW.
 - ``fsdp2``: a *compute replica* (full weights, float32 or bfloat16) runs the streamed
   forward/backward, and a float32 *master* wrapped with ``fully_shard`` holds the
   parameters, the reduced gradients and the optimizer state sharded (dim 0 over the ranks).
@@ -33,7 +35,7 @@ import copy
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -54,15 +56,25 @@ _SAFETENSORS_DTYPES = {
 
 
 class TrainState(Protocol):
-    """What a learner rank steps: set up around ``model``, the replica the learner runs on."""
+    """What a learner rank steps: set up around ``model``, the replica the learner runs on.
+
+    ``clip`` takes the barrier's float32 gradient by parameter name (``grads``, times
+    ``sign``: the learner's ``grad_objective`` and -1 for a maximised objective) where the
+    replica's own ``.grad`` is rounded to a lower compute dtype."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
 
-    def clip(self, max_grad_norm: float) -> float: ...
+    def clip(
+        self,
+        max_grad_norm: float,
+        grads: Mapping[str, torch.Tensor] | None = None,
+        sign: float = 1.0,
+    ) -> float: ...
     def apply(self) -> None: ...
     def write_weights(self, path: Path) -> None: ...
     def checkpoint_module(self) -> torch.nn.Module: ...
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
     def refresh_replica(self) -> None: ...
     def state_bytes(self) -> dict[str, int]: ...
 
@@ -94,7 +106,13 @@ class ReplicatedState:
         self.model = model
         self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
 
-    def clip(self, max_grad_norm: float) -> float:
+    def clip(
+        self,
+        max_grad_norm: float,
+        grads: Mapping[str, torch.Tensor] | None = None,
+        sign: float = 1.0,
+    ) -> float:
+        """The model is float32: its ``.grad`` is the barrier's gradient already."""
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm))
 
     def apply(self) -> None:
@@ -108,6 +126,10 @@ class ReplicatedState:
     def checkpoint_module(self) -> torch.nn.Module:
         return self.model
 
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights a publication carries, one tensor at a time."""
+        return _named_detached(self.model)
+
     def refresh_replica(self) -> None:
         """The model is the master: nothing to refresh."""
 
@@ -120,14 +142,100 @@ class ReplicatedState:
         }
 
 
+def _float32_grad(
+    name: str,
+    replica_p: torch.nn.Parameter,
+    grads: Mapping[str, torch.Tensor] | None,
+    sign: float,
+) -> torch.Tensor:
+    """The barrier's gradient of one parameter in float32: from ``grads`` (the learner's
+    float32 accumulator, before the replica's rounding) when given, else the replica's."""
+    if grads is not None and name in grads:
+        return (sign * grads[name]).to(torch.float32)
+    if replica_p.grad is None:
+        raise RuntimeError(f"rank {_rank()}: parameter {name!r} has no reduced gradient")
+    return replica_p.grad.to(torch.float32)
+
+
+class MixedPrecisionState:
+    """A compute replica in ``compute_dtype`` (what the learner runs) and the float32 master
+    it is refreshed from: weights, gradient and AdamW stay in float32. The master is the
+    loaded model; the replica is cast from it, one tensor at a time. Several ranks each hold
+    it whole and take the identical step, as ``ReplicatedState`` does."""
+
+    def __init__(self, model: torch.nn.Module, *, lr: float, compute_dtype: torch.dtype) -> None:
+        wrong = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})
+        if wrong:
+            raise ValueError(
+                f"the master weights must be loaded in float32, got {wrong}; the compute "
+                f"replica is cast to {compute_dtype} from them"
+            )
+        self.master = model
+        self.model = copy.deepcopy(model).to(compute_dtype)
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        replica = dict(self.model.named_parameters())
+        self.pairs = [(name, replica[name], p) for name, p in model.named_parameters()]
+
+    def clip(
+        self,
+        max_grad_norm: float,
+        grads: Mapping[str, torch.Tensor] | None = None,
+        sign: float = 1.0,
+    ) -> float:
+        for name, replica_p, master_p in self.pairs:
+            master_p.grad = _float32_grad(name, replica_p, grads, sign)
+            replica_p.grad = None
+        return float(torch.nn.utils.clip_grad_norm_(self.master.parameters(), max_grad_norm))
+
+    def apply(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.refresh_replica()
+
+    def refresh_replica(self) -> None:
+        with torch.no_grad():
+            for _, replica_p, master_p in self.pairs:
+                replica_p.copy_(master_p.to(replica_p.dtype))
+
+    def write_weights(self, path: Path) -> None:
+        """The float32 master is what a checkpoint and an engine load."""
+        if _rank() == 0:
+            write_safetensors_streamed(path, _named_detached(self.master))
+
+    def checkpoint_module(self) -> torch.nn.Module:
+        return self.master
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return _named_detached(self.master)
+
+    def state_bytes(self) -> dict[str, int]:
+        master = [p for _, _, p in self.pairs]
+        replica = [r for _, r, _ in self.pairs]
+        return {
+            "params": _nbytes(master) + _nbytes(replica),
+            "grads": _nbytes(p.grad for p in master) + _nbytes(r.grad for r in replica),
+            "optimizer": _optimizer_bytes(self.optimizer),
+        }
+
+
 class ShardedState:
     """A compute replica for streaming, and an FSDP2-sharded float32 master with the optimizer."""
 
-    def __init__(self, model: torch.nn.Module, *, lr: float, mesh: DeviceMesh) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        lr: float,
+        mesh: DeviceMesh,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
         self.model = model
         self.mesh = mesh
         # The deep copy briefly holds a second full copy; fully_shard frees all but the shard.
+        # It is taken before the replica is cast, so the master keeps the loaded values.
         master = copy.deepcopy(model).to(torch.float32)
+        if compute_dtype is not None:
+            model.to(compute_dtype)
         fully_shard(master, mesh=mesh)
         self.master = master
         self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(master.parameters(), lr=lr)
@@ -139,15 +247,19 @@ class ShardedState:
                 f"replica {len(replica)}"
             )
 
-    def clip(self, max_grad_norm: float) -> float:
+    def clip(
+        self,
+        max_grad_norm: float,
+        grads: Mapping[str, torch.Tensor] | None = None,
+        sign: float = 1.0,
+    ) -> float:
         """Move this rank's shard of the reduced gradient to the master; clip globally."""
         for name, replica_p, master_p in self.pairs:
-            if replica_p.grad is None:
-                raise RuntimeError(f"rank {_rank()}: parameter {name!r} has no reduced gradient")
+            full = _float32_grad(name, replica_p, grads, sign)
             assert isinstance(master_p, DTensor)
             # Every rank holds the same reduced gradient: each keeps its own slice, no traffic.
             shard = distribute_tensor(
-                replica_p.grad.to(torch.float32),
+                full,
                 self.mesh,
                 master_p.placements,
                 src_data_rank=None,
@@ -192,6 +304,10 @@ class ShardedState:
     def checkpoint_module(self) -> torch.nn.Module:
         return self.master
 
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each master tensor gathered in turn (every rank iterates)."""
+        return self._gathered()
+
     def state_bytes(self) -> dict[str, int]:
         master = [p for _, _, p in self.pairs]
         replica = [r for _, r, _ in self.pairs]
@@ -203,15 +319,28 @@ class ShardedState:
 
 
 def build_train_state(
-    model: torch.nn.Module, *, sharding: Sharding, lr: float, device_type: str = "cpu"
+    model: torch.nn.Module,
+    *,
+    sharding: Sharding,
+    lr: float,
+    device_type: str = "cpu",
+    compute_dtype: torch.dtype | None = None,
 ) -> TrainState:
-    """The rank's train state; ``fsdp2`` needs the process group to be initialised."""
+    """The rank's train state around ``model``; the learner runs on ``state.model``.
+
+    ``compute_dtype`` (bfloat16, say) other than the model's: ``model`` holds the float32
+    master values and the state's replica computes in that dtype. ``fsdp2`` needs the
+    process group to be initialised."""
+    lower = compute_dtype is not None and any(p.dtype != compute_dtype for p in model.parameters())
     if sharding == "replicated":
+        if lower:
+            assert compute_dtype is not None
+            return MixedPrecisionState(model, lr=lr, compute_dtype=compute_dtype)
         return ReplicatedState(model, lr=lr)
     if sharding == "fsdp2":
         world = dist.get_world_size() if dist.is_initialized() else 1
         mesh = init_device_mesh(device_type, (world,))
-        return ShardedState(model, lr=lr, mesh=mesh)
+        return ShardedState(model, lr=lr, mesh=mesh, compute_dtype=compute_dtype if lower else None)
     raise ValueError(f"learner_sharding must be 'replicated' or 'fsdp2', got {sharding!r}")
 
 
@@ -269,6 +398,7 @@ def write_safetensors_streamed(
 
 
 __all__ = [
+    "MixedPrecisionState",
     "ReplicatedState",
     "ShardedState",
     "Sharding",

@@ -43,5 +43,18 @@ def load_model(
     return model
 
 
+def checkpoint_dtype(directory: Path | str) -> torch.dtype:
+    """The dtype a Hugging Face folder was saved in (``dtype``, or the older
+    ``torch_dtype``, in config.json); float32 when it names none."""
+    import json  # noqa: PLC0415
+
+    config = json.loads((Path(directory) / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{directory}/config.json: dtype {name!r} is not a torch dtype")
+    return dtype
+
+
 def load_tokenizer(directory: Path | str) -> object:
     return AutoTokenizer.from_pretrained(Path(directory))

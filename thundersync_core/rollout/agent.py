@@ -302,7 +302,11 @@ class Agent:
                 )
                 requests.append(
                     GenerationRequest(
-                        f"{episode.spec.trajectory_id}/{turn}", episode.context(), budget, seed
+                        f"{episode.spec.trajectory_id}/{turn}",
+                        episode.context(),
+                        budget,
+                        seed,
+                        group_id=episode.spec.group_id,
                     )
                 )
                 asking.append(episode)

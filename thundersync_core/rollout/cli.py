@@ -28,13 +28,24 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--limit", default=0, type=int, help="use only the first N tasks (0: all)")
 
 
-def make_engine(kind: str, model_dir: Path, *, max_model_len: int = 4096) -> RolloutEngine:
+def make_engine(
+    kind: str, model_dir: Path, *, max_model_len: int = 4096, tensor_parallel_size: int = 1
+) -> RolloutEngine:
     """vLLM when asked for or, with ``auto``, when installed; else the transformers engine."""
     from thundersync_core.rollout.hf_engine import HFEngine
     from thundersync_core.rollout.vllm_engine import VLLMEngine, vllm_available
 
     if kind == "vllm" or (kind == "auto" and vllm_available()):
+        if tensor_parallel_size > 1:
+            return VLLMEngine(
+                model_dir, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size
+            )
         return VLLMEngine(model_dir, max_model_len=max_model_len)
+    if tensor_parallel_size > 1:
+        raise ValueError(
+            f"resources.rollout.tensor_parallel_size: {tensor_parallel_size} needs the vLLM "
+            "engine (the transformers engine runs on one device)"
+        )
     return HFEngine(model_dir)
 
 

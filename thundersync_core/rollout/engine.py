@@ -39,6 +39,8 @@ class GenerationRequest:
     prompt_ids: tuple[int, ...]
     max_tokens: int
     seed: int
+    #: The episode's group: several engines keep a group on one (its shared prompt's cache).
+    group_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,9 @@ class VLLMEngine:
             **engine_kwargs,
         )
         self.policy_version = 0
+        self.dtype = dtype
+        #: Workers of this engine (tensor parallelism): ranks in the publication group.
+        self.workers = int(engine_kwargs.get("tensor_parallel_size", 1))
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
@@ -114,6 +117,44 @@ class VLLMEngine:
             # shared system prompt of every later request is read through the old policy.
             self.llm.reset_prefix_cache()
         self.policy_version = version
+
+    def join_weight_group(
+        self,
+        *,
+        host: str,
+        port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str,
+        layout: list[tuple[str, tuple[int, ...]]],
+        bucket_bytes: int,
+        timeout_s: float,
+    ) -> list[int]:
+        """Every worker joins the publication group; returns their ranks."""
+        return list(
+            self.llm.collective_rpc(
+                "thundersync_join_weight_group",
+                kwargs={
+                    "host": host,
+                    "port": port,
+                    "rank_offset": rank_offset,
+                    "world_size": world_size,
+                    "backend": backend,
+                    "timeout_s": timeout_s,
+                    "layout": layout,
+                    "dtype": self.dtype,
+                    "bucket_bytes": bucket_bytes,
+                },
+            )
+        )
+
+    def receive_weights(self, version: int, *, verify: bool = False) -> list[dict[str, Any]]:
+        """Receive a broadcast publication (every worker), then report ``version``."""
+        with _engine_failure(f"receiving weights version {version}"):
+            reports = self.llm.collective_rpc("thundersync_receive_weights", args=(verify,))
+            self.llm.reset_prefix_cache()
+        self.policy_version = version
+        return list(reports)
 
     def engine_pids(self) -> list[int]:
         """The engine core's process ids: the processes vLLM's client started, or else this

@@ -1,9 +1,13 @@
-"""vLLM worker extension: reload the policy's weights in place from a safetensors file.
+"""vLLM worker extension: reload the policy's weights in place, from a safetensors file or
+from the learner's broadcast.
 
-``collective_rpc`` cannot carry tensors on CPU, so the learner writes the weights to a file
-(under /dev/shm where it exists) and every worker reads it. The method name is prefixed so
-it cannot collide with the worker's own methods (``update_weights``, ``reload_weights``).
-vLLM mixes this class into its worker at start-up, so it is imported by path, not by object.
+``collective_rpc`` cannot carry tensors on CPU, so with file publication the learner writes
+the weights to a file (under /dev/shm where it exists) and every worker reads it. With
+collective publication each worker joins the learner's publication group once
+(``thundersync_join_weight_group``) and receives every version there
+(``rollout/weight_sync.py``). Method names are prefixed so they cannot collide with the
+worker's own methods (``update_weights``, ``reload_weights``). vLLM mixes this class into
+its worker at start-up, so it is imported by path, not by object.
 """
 
 from __future__ import annotations
@@ -23,6 +27,96 @@ class WeightReloadExtension:
         self.model_runner.reload_weights(weights_iterator=iter(state.items()))
         self._retie_embeddings()
         return len(state)
+
+    def thundersync_join_weight_group(
+        self,
+        *,
+        host: str,
+        port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        layout: list[tuple[str, tuple[int, ...]]],
+        dtype: str,
+        bucket_bytes: int,
+    ) -> int:
+        """Join the publication group as rank ``rank_offset`` + this worker's rank."""
+        from thundersync_core.rollout.weight_sync import WeightGroup  # noqa: PLC0415
+
+        rank = rank_offset + int(getattr(self, "rank", 0))
+        self._publication = {
+            "group": WeightGroup(
+                backend,
+                host=host,
+                port=port,
+                rank=rank,
+                world_size=world_size,
+                timeout_s=timeout_s,
+            ),
+            "layout": [(name, tuple(shape)) for name, shape in layout],
+            "dtype": getattr(torch, dtype),
+            "bucket_bytes": bucket_bytes,
+            "device": "cuda" if backend == "nccl" else "cpu",
+        }
+        return rank
+
+    def thundersync_receive_weights(self, verify: bool) -> dict[str, Any]:
+        """Receive one publication whole, then load it; with ``verify``, a checksum of what
+        arrived and the loaded parameters whose bytes differ from it."""
+        from thundersync_core.rollout.weight_sync import checksum, receive_weights  # noqa: PLC0415
+
+        pub = self._publication
+        staged = receive_weights(
+            pub["group"],
+            pub["layout"],
+            dtype=pub["dtype"],
+            bucket_bytes=pub["bucket_bytes"],
+            device=pub["device"],
+        )
+        self.model_runner.reload_weights(weights_iterator=iter(staged))
+        self._retie_embeddings()
+        if not verify:
+            return {"tensors": len(staged)}
+        differ, opaque, compared = self._compare(dict(staged))
+        return {
+            "tensors": len(staged),
+            "checksum": checksum(staged),
+            "differ": differ,
+            "opaque": opaque,
+            "compared": compared,
+        }
+
+    def _compare(self, sent: dict[str, torch.Tensor]) -> tuple[list[str], list[str], int]:
+        """Loaded parameters against what was sent: (those whose bytes differ, those the
+        engine keeps in another layout, how many were compared). A packed parameter (such
+        as ``qkv_proj``) is compared with its parts concatenated as the model packs them. On
+        CPU vLLM hands linear weights to its GEMM backend after loading (a prepacked copy;
+        the parameter left empty or re-laid out): those are *opaque*, their values vouched
+        for by the checksum of what arrived."""
+        model = self.model_runner.get_model()
+        packed = getattr(model, "packed_modules_mapping", {}) or {}
+        embed = next((n for n in sent if n.endswith("embed_tokens.weight")), None)
+        differ, opaque, compared = [], [], 0
+        for name, param in model.named_parameters():
+            expected = sent.get(name)
+            if expected is None:
+                for fused, parts in packed.items():
+                    if f".{fused}." in name:
+                        pieces = [sent.get(name.replace(fused, part)) for part in parts]
+                        if all(p is not None for p in pieces):
+                            expected = torch.cat(pieces, dim=0)  # type: ignore[arg-type]
+            if expected is None and name == "lm_head.weight" and embed is not None:
+                expected = sent[embed]  # a tied head
+            if expected is None:
+                differ.append(f"{name} (not sent)")
+            elif param.shape != expected.shape or param.dtype != expected.dtype:
+                opaque.append(name)
+            else:
+                compared += 1
+                if not torch.equal(param.detach().to(expected.device), expected):
+                    differ.append(name)
+        return differ, opaque, compared
 
     def _retie_embeddings(self) -> None:
         """Refresh a tied output head after an in-place reload.

@@ -23,7 +23,6 @@ streamed in are checked on every rank before any rank enters the barrier.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from thundersync_core.parallel.data_parallel import (
     predicted_tokens,
 )
 from thundersync_core.policy.io import load_model, load_tokenizer
-from thundersync_core.runtime.learner_worker import LearnerWorker, build_learner
+from thundersync_core.runtime.learner_worker import LearnerWorker, build_learner, learner_device
 from thundersync_core.runtime.placement import pin_to_cores
 from thundersync_core.streaming.base import LearnerRefusal
 
@@ -79,16 +78,6 @@ class LearnerRank(LearnerWorker):
         self.publish_dir = Path(publish_dir)
         self.timeout_s = timeout_s
 
-    def node_ip(self) -> str:
-        import ray  # noqa: PLC0415
-
-        return str(ray.util.get_node_ip_address())
-
-    def free_port(self, address: str) -> int:
-        with socket.socket() as sock:
-            sock.bind((address, 0))
-            return int(sock.getsockname()[1])
-
     def setup(self, address: str, port: int, resume_from: Path | None) -> int:
         """Join the process group, load the policy (and checkpoint); returns the version."""
         from thundersync_core.parallel.dcp import load_group_checkpoint  # noqa: PLC0415
@@ -97,29 +86,25 @@ class LearnerRank(LearnerWorker):
         res = self.config.resources.learner
         pin_to_cores(rank_cores(res.cores, self.rank, self.world_size))
         torch.manual_seed(self.config.seed)
-        on_gpu = res.num_gpus > 0
+        self.device = learner_device(self.config, f"learner rank {self.rank}")
         init_process_group(
-            "nccl" if on_gpu else "gloo",
+            "nccl" if self.device == "cuda" else "gloo",
             rank=self.rank,
             world_size=self.world_size,
             address=address,
             port=port,
             timeout_s=self.timeout_s,
         )
-        dtype = torch.bfloat16 if self.config.learner_dtype == "bfloat16" else torch.float32
-        model = load_model(self.model_dir)
-        # transformers wraps .to() in a decorator that mypy cannot see through.
-        model.to(dtype)  # type: ignore[arg-type]
-        if on_gpu:
-            model.to("cuda")  # type: ignore[arg-type]
-        self.model = model
+        master = load_model(self.model_dir).to(self.device)  # type: ignore[arg-type]
         self.tokenizer = load_tokenizer(self.model_dir)
         self.state = build_train_state(
-            model,
+            master,
             sharding=self.config.learner_sharding,
             lr=self.config.lr,
-            device_type="cuda" if on_gpu else "cpu",
+            device_type=self.device,
+            compute_dtype=getattr(torch, self.config.learner_dtype),
         )
+        model = self.model = self.state.model
         self.optimizer = self.state.optimizer
         version = 0
         if resume_from is not None:
@@ -141,16 +126,6 @@ class LearnerRank(LearnerWorker):
     def refusal(self) -> str | None:
         """The first refusal recorded while sources streamed in (checked before the barrier)."""
         return self._error
-
-    def _clip(self) -> float:
-        return self.state.clip(self.config.max_grad_norm)
-
-    def _apply(self) -> None:
-        self.state.apply()
-
-    def _save_weights(self, path: Path) -> None:
-        # Every rank calls (a bfloat16 replica publishes the gathered float32 master).
-        self.state.write_weights(path)
 
     def save_checkpoint(self, root: str, step: int, extra: dict[str, Any]) -> str:
         from thundersync_core.parallel.dcp import save_group_checkpoint  # noqa: PLC0415

@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 import os
 import resource
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from thundersync_core.batch import Trajectory, Turn
 from thundersync_core.checkpoint import load_checkpoint, save_checkpoint
@@ -70,6 +70,20 @@ def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> 
     )
 
 
+def learner_device(config: TrainConfig, role: str = "learner") -> str:
+    """``cuda`` when the learner holds GPUs (Ray shows the actor its own), else ``cpu``;
+    refused when it holds GPUs it cannot see."""
+    if config.resources.learner.num_gpus <= 0:
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{role}: resources.learner.num_gpus is {config.resources.learner.num_gpus} but "
+            "no CUDA device is visible to it "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r})"
+        )
+    return "cuda"
+
+
 class LearnerWorker:
     def __init__(
         self,
@@ -79,17 +93,31 @@ class LearnerWorker:
         publish_dir: Path,
         resume_from: Path | None = None,
     ) -> None:
+        from thundersync_core.parallel.fsdp import build_train_state  # noqa: PLC0415
+
         pin_to_cores(config.resources.learner.cores)
         torch.manual_seed(config.seed)
         self.config = config
-        self.model = load_model(model_dir)
-        self.tokenizer = load_tokenizer(model_dir)
-        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr
+        self.device = learner_device(config)
+        # The float32 master on the learner's device; a bfloat16 learner computes on a
+        # replica cast from it (``MixedPrecisionState``), the optimizer steps the master.
+        master = load_model(model_dir).to(self.device)  # type: ignore[arg-type]
+        self.state = build_train_state(
+            master,
+            sharding="replicated",
+            lr=config.lr,
+            device_type=self.device,
+            compute_dtype=getattr(torch, config.learner_dtype),
         )
+        self.model = self.state.model
+        self.optimizer = self.state.optimizer
+        self.tokenizer = load_tokenizer(model_dir)
         version = 0
         if resume_from is not None:
-            state = _load_any_checkpoint(Path(resume_from), self.model, self.optimizer)
+            state = _load_any_checkpoint(
+                Path(resume_from), self.state.checkpoint_module(), self.optimizer
+            )
+            self.state.refresh_replica()
             version = int(state["policy_version"])
         self.learner = build_learner(config, self.model, version)
         self.publish_dir = Path(publish_dir)
@@ -99,7 +127,9 @@ class LearnerWorker:
         """Publication folder, FLOP ledger, peak FLOP/s and an empty step record."""
         self.publish_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = FlopLedger(sum(p.numel() for p in self.model.parameters()))
-        self.peak_flops = self.config.resources.learner_peak_flops or measure_peak_flops()
+        self.peak_flops = self.config.resources.learner_peak_flops or measure_peak_flops(
+            device=self.device, dtype=self.config.learner_dtype
+        )
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -117,6 +147,74 @@ class LearnerWorker:
 
     def version(self) -> int:
         return self.learner.policy_version
+
+    def node_ip(self) -> str:
+        import ray  # noqa: PLC0415
+
+        return str(ray.util.get_node_ip_address())
+
+    def free_port(self, address: str) -> int:
+        with socket.socket() as sock:
+            sock.bind((address, 0))
+            return int(sock.getsockname()[1])
+
+    # -- collective publication ------------------------------------------------------------
+    def weight_layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Names and shapes of the published weights, in publication order."""
+        from thundersync_core.rollout.weight_sync import layout_of  # noqa: PLC0415
+
+        return layout_of(self.state.named_weights())
+
+    def join_weight_group(
+        self,
+        *,
+        host: str,
+        port: int,
+        world_size: int,
+        backend: str,
+        dtype: str,
+        bucket_bytes: int,
+        timeout_s: float,
+    ) -> int:
+        """Rank 0 of the publication group; ``dtype`` is the engines'."""
+        from thundersync_core.rollout.weight_sync import WeightGroup  # noqa: PLC0415
+
+        self.publication = {
+            "group": WeightGroup(
+                backend, host=host, port=port, rank=0, world_size=world_size, timeout_s=timeout_s
+            ),
+            "layout": self.weight_layout(),
+            "dtype": getattr(torch, dtype),
+            "bucket_bytes": bucket_bytes,
+        }
+        return 0
+
+    def send_weights(self, verify: bool = False) -> dict[str, Any]:
+        """Broadcast the current weights to the engines; refused mid-batch, as a file
+        publication is. Returns the bytes sent, the seconds, and (``verify``) a checksum."""
+        from thundersync_core.rollout.weight_sync import checksum, send_weights  # noqa: PLC0415
+
+        if self.learner.in_batch:
+            raise LearnerRefusal(
+                f"refusing to publish weights version {self.learner.policy_version}: a batch "
+                "is in progress (between begin and its step)"
+            )
+        pub = self.publication
+        t0 = time.time()
+        sent = send_weights(
+            pub["group"],
+            self.state.named_weights(),
+            pub["layout"],
+            dtype=pub["dtype"],
+            bucket_bytes=pub["bucket_bytes"],
+            device=self.device,
+        )
+        report: dict[str, Any] = {"bytes": sent, "seconds": time.time() - t0}
+        if verify:
+            report["checksum"] = checksum(
+                (n, t.to(pub["dtype"])) for n, t in self.state.named_weights()
+            )
+        return report
 
     # -- the batch -------------------------------------------------------------------------
     def begin(self, groups: dict[str, tuple[tuple[int, ...], int]]) -> int:
@@ -253,14 +351,17 @@ class LearnerWorker:
             raise LearnerRefusal(f"step {step}: {exc}") from None
         if not math.isfinite(result.objective):
             raise LearnerRefusal(f"step {step}: the batch loss is {result.objective} (not finite)")
-        grad_norm = self._clip()
+        grad_norm = self.state.clip(
+            self.config.max_grad_norm, result.grad_objective, -1.0 if self.learner.maximise else 1.0
+        )
         if not math.isfinite(grad_norm):
             raise LearnerRefusal(f"step {step}: the gradient norm is {grad_norm} (not finite)")
-        self._apply()
+        self.state.apply()
         self.learner.policy_version += 1
         learner_done_s = time.time()
         self.intervals.append((t0, learner_done_s))
-        path = self._write_weights()
+        # Collective publication sends the weights when the schedule publishes: no file.
+        path = self._write_weights() if self.config.rollout.publication == "file" else ""
         return {
             "step": step,
             "trained_version": version,
@@ -281,25 +382,20 @@ class LearnerWorker:
             "flops": self.ledger.flops,
             "peak_flops": self.peak_flops,
             "token_versions": self.token_versions,
-            "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            **self._peak_memory(),
             "weights": str(path),
         }
 
-    def _clip(self) -> float:
-        """Clip the barrier's gradient by its global norm; returns the norm before clipping."""
-        return float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-        )
-
-    def _apply(self) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+    def _peak_memory(self) -> dict[str, int]:
+        """Peak resident memory of the process, and of the GPU where the learner runs on one."""
+        peak = {"peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        if self.device == "cuda":
+            peak["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated())
+        return peak
 
     def _save_weights(self, path: Path) -> None:
-        tensors = {n: p.detach().contiguous() for n, p in self.model.named_parameters()}
-        tmp = path.with_suffix(".partial")
-        save_file(tensors, str(tmp))
-        tmp.replace(path)
+        # Every rank calls (a sharded master is gathered one tensor at a time).
+        self.state.write_weights(path)
 
     def _write_weights(self) -> Path:
         version = self.learner.policy_version
@@ -325,7 +421,7 @@ class LearnerWorker:
         path = save_checkpoint(
             Path(root),
             step=step,
-            model=self.model,
+            model=self.state.checkpoint_module(),  # type: ignore[arg-type]
             optimizer=self.optimizer,
             policy_version=self.learner.policy_version,
             extra=extra,

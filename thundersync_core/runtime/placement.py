@@ -11,25 +11,91 @@ from thundersync_core.config import ResourcesConfig, RoleResources
 
 
 def start_ray(resources: ResourcesConfig) -> None:
-    """Start (or join) Ray with enough CPUs for the configured roles.
+    """Start (or join) Ray with enough CPUs and GPUs for the configured roles.
 
     ``RAY_ADDRESS`` set: join that cluster. Otherwise a local instance sized to the roles
-    (at least the host's cores, so pinned roles are never refused).
+    (at least the host's cores, so pinned roles are never refused) with the host's CUDA
+    devices. Either way a request the cluster cannot place is refused here, naming the role
+    and what is missing, instead of leaving its actor pending. Role output (prints, vLLM's
+    engine lines) reaches the driver, and so its log file.
     """
     import ray  # noqa: PLC0415
 
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-        return
-    wanted = resources.rollout.num_cpus + resources.learner.num_cpus + resources.teacher.num_cpus
-    ray.init(
-        num_cpus=max(int(wanted + 0.999), os.cpu_count() or 1),
-        num_gpus=int(resources.rollout.num_gpus + resources.learner.num_gpus),
-        include_dashboard=False,
-        log_to_driver=False,
-    )
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        else:
+            gpus = _role_gpus(resources)
+            host_gpus = _host_gpus() if gpus else 0
+            if gpus > host_gpus:
+                raise ValueError(
+                    f"resources: the roles ask for {gpus:g} GPUs ({_gpu_split(resources)}) but "
+                    f"this host has {host_gpus} CUDA device(s) and RAY_ADDRESS names no cluster"
+                )
+            wanted = sum(r.num_cpus for _, r in _roles(resources))
+            ray.init(
+                num_cpus=max(int(wanted + 0.999), os.cpu_count() or 1),
+                num_gpus=host_gpus,
+                include_dashboard=False,
+                log_to_driver=True,
+            )
+    check_feasible(resources, _node_totals())
+
+
+def _roles(resources: ResourcesConfig) -> list[tuple[str, RoleResources]]:
+    return [
+        ("rollout", resources.rollout),
+        ("learner", resources.learner),
+        ("teacher", resources.teacher),
+    ]
+
+
+def _role_gpus(resources: ResourcesConfig) -> float:
+    return sum(r.num_gpus for _, r in _roles(resources))
+
+
+def _gpu_split(resources: ResourcesConfig) -> str:
+    return ", ".join(f"{name} {r.num_gpus:g}" for name, r in _roles(resources))
+
+
+def _host_gpus() -> int:
+    import torch  # noqa: PLC0415
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _node_totals() -> list[dict[str, float]]:
+    """Each alive node's CPU and GPU totals."""
+    import ray  # noqa: PLC0415
+
+    return [
+        {"CPU": float(n["Resources"].get("CPU", 0)), "GPU": float(n["Resources"].get("GPU", 0))}
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
+
+
+def check_feasible(resources: ResourcesConfig, nodes: Sequence[dict[str, float]]) -> None:
+    """Refuse roles the cluster cannot place, naming the role and what is missing: an actor
+    larger than every node, or GPUs over the cluster's total. (Ray would leave such an actor
+    pending with no error.)"""
+    total_gpus = sum(n["GPU"] for n in nodes)
+    if _role_gpus(resources) > total_gpus + 1e-9:
+        raise ValueError(
+            f"resources: the roles ask for {_role_gpus(resources):g} GPUs "
+            f"({_gpu_split(resources)}) but the cluster has {total_gpus:g}"
+        )
+    for name, role in _roles(resources):
+        ranks = getattr(role, "ranks", 1) * getattr(role, "engines", 1)
+        cpus, gpus = role.num_cpus / ranks, role.num_gpus / ranks
+        if not any(n["CPU"] >= cpus - 1e-9 and n["GPU"] >= gpus - 1e-9 for n in nodes):
+            parts = "engines" if name == "rollout" else "ranks"
+            actor = f"each of its {ranks} {parts}" if ranks > 1 else "its actor"
+            biggest = max(nodes, key=lambda n: (n["GPU"], n["CPU"]), default={"CPU": 0, "GPU": 0})
+            raise ValueError(
+                f"resources.{name}: {actor} needs {cpus:g} CPUs and {gpus:g} GPUs on one node; "
+                f"the largest node has {biggest['CPU']:g} CPUs and {biggest['GPU']:g} GPUs"
+            )
 
 
 def remote_role(cls: type, role: RoleResources, *, max_concurrency: int = 1) -> Any:

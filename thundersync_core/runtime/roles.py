@@ -34,13 +34,17 @@ def start_rollout(
     from thundersync_core.runtime.rollout_worker import RolloutWorker  # noqa: PLC0415
 
     res = config.resources.rollout
-    return remote_role(RolloutWorker, res, max_concurrency=2).remote(
+    # With several engines they hold the role's GPUs and CPUs as their own actors; the
+    # worker (agent, sandboxes, graders) runs on the role's cores beside them.
+    worker = res.model_copy(update={"num_cpus": 0.0, "num_gpus": 0.0}) if res.engines > 1 else res
+    return remote_role(RolloutWorker, worker, max_concurrency=2).remote(
         engine_dir,
         pool,
         config.rollout,
         cores=res.cores,
         seed=config.seed,
         policy_version=policy_version,
+        resources=res,
     )
 
 
@@ -51,7 +55,7 @@ def start_teacher(config: TrainConfig, teacher_dir: Path) -> Any:
 
     res = config.resources.teacher
     return remote_role(TeacherWorker, res).remote(
-        teacher_dir, cores=res.cores, top_k=config.opd_teacher_top_k
+        teacher_dir, cores=res.cores, top_k=config.opd_teacher_top_k, num_gpus=res.num_gpus
     )
 
 
@@ -110,7 +114,50 @@ def start_roles(
         [a.version.remote() for a in (rollout, learner)]
         + ([teacher.ready.remote()] if teacher else [])
     )
+    if config.rollout.publication == "collective":
+        join_publication_group(config, learner, rollout)
     return Roles(rollout, learner, teacher), int(state["step"]), state
+
+
+#: Forming the publication group and each broadcast wait at most this long.
+PUBLICATION_TIMEOUT_S = 600.0
+
+
+def join_publication_group(config: TrainConfig, learner: Any, rollout: Any) -> int:
+    """The learner (rank 0) and every engine worker form the publication group; returns its
+    size. The group's address is the learner's node, its dtype the engines'."""
+    import ray  # noqa: PLC0415
+
+    host = ray.get(learner.node_ip.remote())
+    port = ray.get(learner.free_port.remote(host))
+    layout = ray.get(learner.weight_layout.remote())
+    world = 1 + ray.get(rollout.publication_workers.remote())
+    dtype = ray.get(rollout.engine_dtype.remote())
+    backend = "nccl" if config.resources.learner.num_gpus > 0 else "gloo"
+    bucket = int(config.rollout.publication_bucket_mb * 2**20)
+    ray.get(
+        [
+            learner.join_weight_group.remote(
+                host=host,
+                port=port,
+                world_size=world,
+                backend=backend,
+                dtype=dtype,
+                bucket_bytes=bucket,
+                timeout_s=PUBLICATION_TIMEOUT_S,
+            ),
+            rollout.join_weight_group.remote(
+                host=host,
+                port=port,
+                world_size=world,
+                backend=backend,
+                layout=layout,
+                bucket_bytes=bucket,
+                timeout_s=PUBLICATION_TIMEOUT_S,
+            ),
+        ]
+    )
+    return world
 
 
 def role_fault(exc: BaseException, roles: Any, engine_fault: str | None = None) -> str | None:

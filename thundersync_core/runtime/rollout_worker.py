@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from thundersync_core.batch import Trajectory
-from thundersync_core.config import RolloutConfig
+from thundersync_core.config import RolloutConfig, RolloutResources
 from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, TurnReady
 from thundersync_core.rollout.engine import SamplingConfig
 from thundersync_core.runtime.placement import check_cores, pin_to_cores
@@ -51,6 +51,7 @@ class RolloutWorker:
         cores: tuple[int, ...] = (),
         seed: int = 0,
         policy_version: int = 0,
+        resources: RolloutResources | None = None,
     ) -> None:
         pin_to_cores(cores)
         check_cores(config.grader_cores, "rollout.grader_cores")
@@ -60,10 +61,30 @@ class RolloutWorker:
         from thundersync_core.rollout.tasks import load_terminal_task  # noqa: PLC0415
 
         self.tasks = {tid: load_terminal_task(Path(root)) for tid, root in task_roots.items()}
-        self.engine = make_engine(
-            config.engine, Path(model_dir), max_model_len=config.max_model_len
-        )
-        self.engine.policy_version = policy_version
+        res = resources or RolloutResources()
+        self.engine: Any
+        if res.engines > 1:
+            from thundersync_core.rollout.engine_pool import start_engines  # noqa: PLC0415
+
+            self.engine = start_engines(
+                config.engine,
+                Path(model_dir),
+                engines=res.engines,
+                tensor_parallel_size=res.tensor_parallel_size,
+                num_gpus=res.num_gpus,
+                num_cpus=res.num_cpus,
+                cores=res.cores,
+                max_model_len=config.max_model_len,
+                policy_version=policy_version,
+            )
+        else:
+            self.engine = make_engine(
+                config.engine,
+                Path(model_dir),
+                max_model_len=config.max_model_len,
+                tensor_parallel_size=res.tensor_parallel_size,
+            )
+            self.engine.policy_version = policy_version
         tokenizer = load_tokenizer(model_dir)
         agent_config = AgentConfig(
             max_turns=config.max_turns,
@@ -109,6 +130,59 @@ class RolloutWorker:
             self._swap(Path(path), version)
         return time.time()
 
+    # -- collective publication ------------------------------------------------------------
+    def publication_workers(self) -> int:
+        """Ranks the engines take in the publication group."""
+        return int(getattr(self.engine, "workers", 1))
+
+    def engine_dtype(self) -> str:
+        return str(getattr(self.engine, "dtype", "float32"))
+
+    def join_weight_group(
+        self,
+        *,
+        host: str,
+        port: int,
+        world_size: int,
+        backend: str,
+        layout: list[tuple[str, tuple[int, ...]]],
+        bucket_bytes: int,
+        timeout_s: float,
+    ) -> list[int]:
+        """Every engine worker joins the learner's publication group (ranks from 1)."""
+        join = getattr(self.engine, "join_weight_group", None)
+        if join is None:
+            raise ValueError(
+                "rollout.publication: collective needs vLLM engines (rollout.engine: vllm); "
+                f"the {type(self.engine).__name__} loads weights from a file"
+            )
+        return list(
+            join(
+                host=host,
+                port=port,
+                rank_offset=1,
+                world_size=world_size,
+                backend=backend,
+                layout=layout,
+                bucket_bytes=bucket_bytes,
+                timeout_s=timeout_s,
+            )
+        )
+
+    def receive_weights(self, version: int, verify: bool = False) -> tuple[float, list[Any]]:
+        """Receive a broadcast publication now (called while the learner sends it); refused
+        while a rollout is under way, as ``load_weights`` is. Returns the time the engines
+        had it and each engine worker's report."""
+        with self._lock:
+            if self._rollouts:
+                raise LearnerRefusal(
+                    f"refusing to receive weights version {version}: a rollout is under way"
+                )
+            t0 = time.time()
+            reports = self.engine.receive_weights(version, verify=verify)
+            self.weight_swaps.append((version, t0, time.time()))
+        return time.time(), list(reports)
+
     def publish(self, path: str, version: int) -> None:
         """Queue weights for the next generation round (in-flight update)."""
         with self._lock:
@@ -148,6 +222,9 @@ class RolloutWorker:
         """The engine's processes (as started) that are gone. A generation call in flight
         when vLLM's engine core dies may never return, so the training stage asks this from
         outside the call (the actor's second thread)."""
+        pool = getattr(self.engine, "dead_engine_processes", None)
+        if callable(pool):
+            return list(pool())
         import psutil  # noqa: PLC0415
 
         dead = []
@@ -205,6 +282,10 @@ class RolloutWorker:
     def in_flight_events(self) -> list[list[dict[str, Any]]]:
         """Event lists of the episodes under way (see ``Agent.in_flight_events``)."""
         return self.agent.in_flight_events()
+
+    def engine_requests(self) -> list[int]:
+        """Generation requests each engine has served (several engines; empty for one)."""
+        return list(getattr(self.engine, "served", []))
 
     def memory_bytes(self) -> int:
         from thundersync_core.metrics import peak_rss_bytes  # noqa: PLC0415

@@ -11,15 +11,33 @@ from typing import Any
 import torch
 
 from thundersync_core.batch import Trajectory, Turn, turns_of
-from thundersync_core.policy.io import load_model
+from thundersync_core.policy.io import checkpoint_dtype, load_model
 from thundersync_core.runtime.placement import pin_to_cores
 from thundersync_core.teacher import Teacher, TurnScores
 
 
 class TeacherWorker:
-    def __init__(self, model_dir: Path, *, cores: tuple[int, ...] = (), top_k: int = 0) -> None:
+    """The frozen teacher, in its checkpoint's dtype, on the GPU when the role holds one."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        cores: tuple[int, ...] = (),
+        top_k: int = 0,
+        num_gpus: float = 0.0,
+    ) -> None:
         pin_to_cores(cores)
-        model = load_model(model_dir)
+        device = "cpu"
+        if num_gpus > 0:
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    f"teacher: resources.teacher.num_gpus is {num_gpus} but no CUDA device is "
+                    f"visible to it (CUDA_VISIBLE_DEVICES="
+                    f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r})"
+                )
+            device = "cuda"
+        model = load_model(model_dir, dtype=checkpoint_dtype(model_dir)).to(device)  # type: ignore[arg-type]
         for p in model.parameters():
             p.requires_grad_(False)
         self.teacher = Teacher(model, top_k=top_k)

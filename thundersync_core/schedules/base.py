@@ -162,12 +162,38 @@ def publish_now(ctx: RunContext, learner_metrics: dict[str, Any]) -> tuple[float
     import ray  # noqa: PLC0415
 
     t0 = time.time()
-    ack = ray.get(
-        ctx.roles.rollout.load_weights.remote(
-            learner_metrics["weights"], learner_metrics["policy_version"]
+    version = learner_metrics["policy_version"]
+    if ctx.config.rollout.publication == "collective":
+        verify = ctx.config.rollout.verify_publication
+        sent, (ack, reports) = ray.get(
+            [
+                ctx.roles.learner.send_weights.remote(verify),
+                ctx.roles.rollout.receive_weights.remote(version, verify),
+            ]
         )
-    )
+        if verify:
+            check_publication(version, sent, reports)
+        learner_metrics["publication_bytes"] = sent["bytes"]
+        return t0, float(ack)
+    ack = ray.get(ctx.roles.rollout.load_weights.remote(learner_metrics["weights"], version))
     return t0, float(ack)
+
+
+def check_publication(version: int, sent: dict[str, Any], reports: Sequence[Any]) -> None:
+    """Refuse a publication that did not arrive whole: an engine worker whose received
+    bytes hash otherwise than the learner's, or whose loaded parameters differ from them."""
+    for number, report in enumerate(reports):
+        where = f"engine {report.get('engine', 0)} (worker report {number})"
+        if report.get("checksum") != sent.get("checksum"):
+            raise RuntimeError(
+                f"publication of version {version}: {where} received other bytes than the "
+                "learner sent"
+            )
+        if report.get("differ"):
+            raise RuntimeError(
+                f"publication of version {version}: {where} loaded parameters that differ "
+                f"from what it received: {report['differ'][:5]}"
+            )
 
 
 def timeline(
