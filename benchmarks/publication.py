@@ -39,6 +39,7 @@ from thundersync_core.policy import (
 from thundersync_core.rollout.engine import GenerationRequest, SamplingConfig
 from thundersync_core.rollout.vllm_engine import VLLMEngine
 from thundersync_core.rollout.weight_sync import (
+    GroupAddress,
     WeightGroup,
     checksum,
     layout_of,
@@ -95,29 +96,20 @@ def main() -> None:
     named = list(model.named_parameters())
     layout = layout_of(named)
     bucket = int(args.bucket_mb * 2**20)
-    port = _port()
+    address = GroupAddress("gloo", host="127.0.0.1", port=_port(), world_size=2, timeout_s=300)
     joined: list[Any] = []
     rpc = threading.Thread(
         target=lambda: joined.append(
-            engine.join_weight_group(
-                host="127.0.0.1",
-                port=port,
-                rank_offset=1,
-                world_size=2,
-                backend="gloo",
-                layout=layout,
-                bucket_bytes=bucket,
-                timeout_s=300,
-            )
+            engine.join_weight_group(address, rank_offset=1, layout=layout, bucket_bytes=bucket)
         )
     )
     rpc.start()
-    group = WeightGroup("gloo", host="127.0.0.1", port=port, rank=0, world_size=2, timeout_s=300)
+    group = WeightGroup(address, rank=0)
     rpc.join()
     times: dict[str, list[float]] = {"file": [], "collective": []}
     agreement: dict[str, float] = {}
     version, sent = 0, 0
-    path = shm / f"publication-bench-{port}.safetensors"
+    path = shm / f"publication-bench-{address.port}.safetensors"
     try:
         for _ in range(args.repeats):
             with torch.no_grad():  # a new version each time, as a step makes

@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 
 from thundersync_core.policy import build_model
 from thundersync_core.rollout.weight_sync import (
+    GroupAddress,
     WeightGroup,
     buckets_of,
     digest,
@@ -30,10 +31,14 @@ def test_buckets_hold_consecutive_parameters_within_the_budget():
 
 
 def _receiver(port: int, layout, dtype, out) -> None:
-    group = WeightGroup("gloo", host="127.0.0.1", port=port, rank=1, world_size=2, timeout_s=60)
+    group = WeightGroup(_address(port), rank=1)
     for _ in range(2):  # two publications over one group
         staged = receive_weights(group, layout, dtype=dtype, bucket_bytes=50_000)
         out.put({name: digest(t) for name, t in staged})
+
+
+def _address(port: int) -> GroupAddress:
+    return GroupAddress("gloo", host="127.0.0.1", port=port, world_size=2, timeout_s=60)
 
 
 def _port() -> int:
@@ -54,7 +59,7 @@ def test_a_publication_arrives_bitwise_in_the_engine_dtype(dtype):
     peer = ctx.Process(target=_receiver, args=(port, layout, dtype, out))
     peer.start()
     try:
-        group = WeightGroup("gloo", host="127.0.0.1", port=port, rank=0, world_size=2, timeout_s=60)
+        group = WeightGroup(_address(port), rank=0)
         sent = send_weights(group, named, layout, dtype=dtype, bucket_bytes=50_000)
         element = torch.empty((), dtype=dtype).element_size()
         assert sent == sum(p.numel() for _, p in named) * element

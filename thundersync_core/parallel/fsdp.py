@@ -35,7 +35,7 @@ import copy
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -99,12 +99,41 @@ def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
-class ReplicatedState:
+class _WholeMaster:
+    """A float32 master held whole on every rank (``self.master``) with its AdamW; the
+    learner computes on ``self.model``, the master itself or a replica refreshed from it."""
+
+    master: torch.nn.Module
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def apply(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.refresh_replica()
+
+    def refresh_replica(self) -> None:
+        """The model is the master: nothing to refresh."""
+
+    def write_weights(self, path: Path) -> None:
+        """The float32 master is what a checkpoint and an engine load."""
+        if _rank() == 0:
+            write_safetensors_streamed(path, _named_detached(self.master))
+
+    def checkpoint_module(self) -> torch.nn.Module:
+        return self.master
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights a publication carries, one tensor at a time."""
+        return _named_detached(self.master)
+
+
+class ReplicatedState(_WholeMaster):
     """Full model, gradient and optimizer on every rank; identical steps."""
 
     def __init__(self, model: torch.nn.Module, *, lr: float) -> None:
-        self.model = model
-        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.model = self.master = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
 
     def clip(
         self,
@@ -115,24 +144,6 @@ class ReplicatedState:
         """The model is float32: its ``.grad`` is the barrier's gradient already."""
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm))
 
-    def apply(self) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def write_weights(self, path: Path) -> None:
-        if _rank() == 0:
-            write_safetensors_streamed(path, _named_detached(self.model))
-
-    def checkpoint_module(self) -> torch.nn.Module:
-        return self.model
-
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The weights a publication carries, one tensor at a time."""
-        return _named_detached(self.model)
-
-    def refresh_replica(self) -> None:
-        """The model is the master: nothing to refresh."""
-
     def state_bytes(self) -> dict[str, int]:
         params = list(self.model.parameters())
         return {
@@ -140,6 +151,20 @@ class ReplicatedState:
             "grads": _nbytes(p.grad for p in params),
             "optimizer": _optimizer_bytes(self.optimizer),
         }
+
+
+def _pair_bytes(
+    pairs: Sequence[tuple[str, torch.nn.Parameter, torch.nn.Parameter]],
+    optimizer: torch.optim.Optimizer,
+) -> dict[str, int]:
+    """Bytes of a replica beside its master (weights and gradients of both) and the AdamW."""
+    replica = [r for _, r, _ in pairs]
+    master = [m for _, _, m in pairs]
+    return {
+        "params": _nbytes(master) + _nbytes(replica),
+        "grads": _nbytes(p.grad for p in master) + _nbytes(r.grad for r in replica),
+        "optimizer": _optimizer_bytes(optimizer),
+    }
 
 
 def _float32_grad(
@@ -157,7 +182,7 @@ def _float32_grad(
     return replica_p.grad.to(torch.float32)
 
 
-class MixedPrecisionState:
+class MixedPrecisionState(_WholeMaster):
     """A compute replica in ``compute_dtype`` (what the learner runs) and the float32 master
     it is refreshed from: weights, gradient and AdamW stay in float32. The master is the
     loaded model; the replica is cast from it, one tensor at a time. Several ranks each hold
@@ -172,7 +197,7 @@ class MixedPrecisionState:
             )
         self.master = model
         self.model = copy.deepcopy(model).to(compute_dtype)
-        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         replica = dict(self.model.named_parameters())
         self.pairs = [(name, replica[name], p) for name, p in model.named_parameters()]
 
@@ -187,35 +212,13 @@ class MixedPrecisionState:
             replica_p.grad = None
         return float(torch.nn.utils.clip_grad_norm_(self.master.parameters(), max_grad_norm))
 
-    def apply(self) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.refresh_replica()
-
     def refresh_replica(self) -> None:
         with torch.no_grad():
             for _, replica_p, master_p in self.pairs:
                 replica_p.copy_(master_p.to(replica_p.dtype))
 
-    def write_weights(self, path: Path) -> None:
-        """The float32 master is what a checkpoint and an engine load."""
-        if _rank() == 0:
-            write_safetensors_streamed(path, _named_detached(self.master))
-
-    def checkpoint_module(self) -> torch.nn.Module:
-        return self.master
-
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return _named_detached(self.master)
-
     def state_bytes(self) -> dict[str, int]:
-        master = [p for _, _, p in self.pairs]
-        replica = [r for _, r, _ in self.pairs]
-        return {
-            "params": _nbytes(master) + _nbytes(replica),
-            "grads": _nbytes(p.grad for p in master) + _nbytes(r.grad for r in replica),
-            "optimizer": _optimizer_bytes(self.optimizer),
-        }
+        return _pair_bytes(self.pairs, self.optimizer)
 
 
 class ShardedState:
@@ -309,13 +312,7 @@ class ShardedState:
         return self._gathered()
 
     def state_bytes(self) -> dict[str, int]:
-        master = [p for _, _, p in self.pairs]
-        replica = [r for _, r, _ in self.pairs]
-        return {
-            "params": _nbytes(master) + _nbytes(replica),
-            "grads": _nbytes(p.grad for p in master) + _nbytes(r.grad for r in replica),
-            "optimizer": _optimizer_bytes(self.optimizer),
-        }
+        return _pair_bytes(self.pairs, self.optimizer)
 
 
 def build_train_state(

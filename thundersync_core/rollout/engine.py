@@ -72,3 +72,17 @@ def request_seed(base_seed: int, group: str, trajectory: str, turn: int) -> int:
     """A 63-bit seed that depends only on the request's identity, never on batching."""
     key = f"{base_seed}/{group}/{trajectory}/{turn}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
+def gone_processes(pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` that have exited (a zombie counts: its parent has not reaped it)."""
+    import psutil  # noqa: PLC0415
+
+    gone = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                gone.append(pid)
+        except psutil.NoSuchProcess:
+            gone.append(pid)
+    return gone

@@ -24,14 +24,18 @@ import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thundersync_core.rollout.engine import (
     EngineFailed,
     GenerationRequest,
     GenerationResult,
     SamplingConfig,
+    gone_processes,
 )
+
+if TYPE_CHECKING:
+    from thundersync_core.rollout.weight_sync import GroupAddress
 
 __all__ = ["EngineActor", "EnginePool", "assign_requests", "start_engines"]
 
@@ -100,8 +104,8 @@ class EngineActor:
         """Ranks this engine takes in the publication group (its tensor-parallel workers)."""
         return int(getattr(self.engine, "workers", 1))
 
-    def join_weight_group(self, **kwargs: Any) -> list[int]:
-        return list(self.engine.join_weight_group(**kwargs))  # type: ignore[attr-defined]
+    def join_weight_group(self, address: GroupAddress, **kwargs: Any) -> list[int]:
+        return list(self.engine.join_weight_group(address, **kwargs))  # type: ignore[attr-defined]
 
     def receive_weights(self, version: int, verify: bool) -> list[dict[str, Any]]:
         return list(self.engine.receive_weights(version, verify=verify))  # type: ignore[attr-defined]
@@ -114,17 +118,7 @@ class EngineActor:
     def dead_processes(self) -> list[int]:
         """The engine's processes that are gone (asked on this actor's second thread, so it
         answers while a generation call hangs on a dead engine core)."""
-        import psutil  # noqa: PLC0415
-
-        dead = []
-        for pid in self.engine_pids()[1:]:
-            try:
-                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                gone = True
-            if gone:
-                dead.append(pid)
-        return dead
+        return gone_processes(self.engine_pids()[1:])
 
     def close(self) -> None:
         self.engine.close()
@@ -208,11 +202,15 @@ class EnginePool:
     def workers(self) -> int:
         return sum(self._call(lambda a: a.workers.remote(), "answer"))
 
-    def join_weight_group(self, *, rank_offset: int, **kwargs: Any) -> list[int]:
+    def join_weight_group(
+        self, address: GroupAddress, *, rank_offset: int, **kwargs: Any
+    ) -> list[int]:
         """Every engine's workers join, engine i after the workers of engines before it."""
         sizes = self._call(lambda a: a.workers.remote(), "answer")
         refs = [
-            actor.join_weight_group.remote(rank_offset=rank_offset + sum(sizes[:i]), **kwargs)
+            actor.join_weight_group.remote(
+                address, rank_offset=rank_offset + sum(sizes[:i]), **kwargs
+            )
             for i, actor in enumerate(self.engines)
         ]
         ranks = self._gather(refs, "join the publication group")

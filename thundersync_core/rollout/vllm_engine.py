@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from thundersync_core.rollout.engine import (
     EngineFailed,
@@ -23,6 +24,9 @@ from thundersync_core.rollout.engine import (
     GenerationResult,
     SamplingConfig,
 )
+
+if TYPE_CHECKING:
+    from thundersync_core.rollout.weight_sync import GroupAddress
 
 EXTENSION = "thundersync_core.rollout.vllm_worker.WeightReloadExtension"
 
@@ -120,27 +124,19 @@ class VLLMEngine:
 
     def join_weight_group(
         self,
+        address: GroupAddress,
         *,
-        host: str,
-        port: int,
         rank_offset: int,
-        world_size: int,
-        backend: str,
         layout: list[tuple[str, tuple[int, ...]]],
         bucket_bytes: int,
-        timeout_s: float,
     ) -> list[int]:
         """Every worker joins the publication group; returns their ranks."""
         return list(
             self.llm.collective_rpc(
                 "thundersync_join_weight_group",
                 kwargs={
-                    "host": host,
-                    "port": port,
+                    "address": asdict(address),
                     "rank_offset": rank_offset,
-                    "world_size": world_size,
-                    "backend": backend,
-                    "timeout_s": timeout_s,
                     "layout": layout,
                     "dtype": self.dtype,
                     "bucket_bytes": bucket_bytes,

@@ -31,33 +31,23 @@ class WeightReloadExtension:
     def thundersync_join_weight_group(
         self,
         *,
-        host: str,
-        port: int,
+        address: dict[str, Any],
         rank_offset: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float,
         layout: list[tuple[str, tuple[int, ...]]],
         dtype: str,
         bucket_bytes: int,
     ) -> int:
         """Join the publication group as rank ``rank_offset`` + this worker's rank."""
-        from thundersync_core.rollout.weight_sync import WeightGroup  # noqa: PLC0415
+        from thundersync_core.rollout.weight_sync import GroupAddress, WeightGroup  # noqa: PLC0415
 
+        where = GroupAddress(**address)
         rank = rank_offset + int(getattr(self, "rank", 0))
         self._publication = {
-            "group": WeightGroup(
-                backend,
-                host=host,
-                port=port,
-                rank=rank,
-                world_size=world_size,
-                timeout_s=timeout_s,
-            ),
+            "group": WeightGroup(where, rank),
             "layout": [(name, tuple(shape)) for name, shape in layout],
             "dtype": getattr(torch, dtype),
             "bucket_bytes": bucket_bytes,
-            "device": "cuda" if backend == "nccl" else "cpu",
+            "device": "cuda" if where.backend == "nccl" else "cpu",
         }
         return rank
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "GroupAddress",
     "Layout",
     "WeightGroup",
     "buckets_of",
@@ -37,31 +39,40 @@ __all__ = [
 Layout = list[tuple[str, tuple[int, ...]]]
 
 
+@dataclass(frozen=True)
+class GroupAddress:
+    """Where and how the publication group meets: the learner's node and port (rank 0
+    hosts the store), its size, its backend, and how long forming it and each broadcast
+    may wait. Plain fields: it crosses Ray and vLLM's ``collective_rpc`` as a dict."""
+
+    backend: str
+    host: str
+    port: int
+    world_size: int
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(
+                f"publication group backend must be gloo or nccl, got {self.backend!r}"
+            )
+
+
 class WeightGroup:
     """One member of the publication group (rank 0: the learner)."""
 
-    def __init__(
-        self,
-        backend: str,
-        *,
-        host: str,
-        port: int,
-        rank: int,
-        world_size: int,
-        timeout_s: float = 600.0,
-    ) -> None:
-        timeout = timedelta(seconds=timeout_s)
-        self.rank, self.world_size, self.backend = rank, world_size, backend
+    def __init__(self, address: GroupAddress, rank: int) -> None:
+        timeout = timedelta(seconds=address.timeout_s)
+        self.address, self.rank = address, rank
+        size = address.world_size
         # Kept: the process group talks through the store's connections.
-        self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout)
-        if backend == "gloo":
-            self.group: Any = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
-        elif backend == "nccl":
+        self.store = dist.TCPStore(address.host, address.port, size, rank == 0, timeout=timeout)
+        if address.backend == "gloo":
+            self.group: Any = dist.ProcessGroupGloo(self.store, rank, size, timeout)
+        else:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
-            self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, options)
-        else:
-            raise ValueError(f"publication group backend must be gloo or nccl, got {backend!r}")
+            self.group = dist.ProcessGroupNCCL(self.store, rank, size, options)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         self.group.broadcast(tensor, 0).wait()

@@ -15,7 +15,7 @@ import resource
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from thundersync_core.streaming import (
     SyncOPDLearner,
 )
 from thundersync_core.streaming.base import GroupSpec, LearnerBase, LearnerRefusal
+
+if TYPE_CHECKING:
+    from thundersync_core.rollout.weight_sync import GroupAddress
 
 
 def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> LearnerBase:
@@ -165,24 +168,12 @@ class LearnerWorker:
 
         return layout_of(self.state.named_weights())
 
-    def join_weight_group(
-        self,
-        *,
-        host: str,
-        port: int,
-        world_size: int,
-        backend: str,
-        dtype: str,
-        bucket_bytes: int,
-        timeout_s: float,
-    ) -> int:
+    def join_weight_group(self, address: GroupAddress, *, dtype: str, bucket_bytes: int) -> int:
         """Rank 0 of the publication group; ``dtype`` is the engines'."""
         from thundersync_core.rollout.weight_sync import WeightGroup  # noqa: PLC0415
 
         self.publication = {
-            "group": WeightGroup(
-                backend, host=host, port=port, rank=0, world_size=world_size, timeout_s=timeout_s
-            ),
+            "group": WeightGroup(address, rank=0),
             "layout": self.weight_layout(),
             "dtype": getattr(torch, dtype),
             "bucket_bytes": bucket_bytes,

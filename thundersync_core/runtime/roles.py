@@ -128,36 +128,26 @@ def join_publication_group(config: TrainConfig, learner: Any, rollout: Any) -> i
     size. The group's address is the learner's node, its dtype the engines'."""
     import ray  # noqa: PLC0415
 
+    from thundersync_core.rollout.weight_sync import GroupAddress  # noqa: PLC0415
+
     host = ray.get(learner.node_ip.remote())
-    port = ray.get(learner.free_port.remote(host))
+    address = GroupAddress(
+        backend="nccl" if config.resources.learner.num_gpus > 0 else "gloo",
+        host=host,
+        port=ray.get(learner.free_port.remote(host)),
+        world_size=1 + ray.get(rollout.publication_workers.remote()),
+        timeout_s=PUBLICATION_TIMEOUT_S,
+    )
     layout = ray.get(learner.weight_layout.remote())
-    world = 1 + ray.get(rollout.publication_workers.remote())
     dtype = ray.get(rollout.engine_dtype.remote())
-    backend = "nccl" if config.resources.learner.num_gpus > 0 else "gloo"
     bucket = int(config.rollout.publication_bucket_mb * 2**20)
     ray.get(
         [
-            learner.join_weight_group.remote(
-                host=host,
-                port=port,
-                world_size=world,
-                backend=backend,
-                dtype=dtype,
-                bucket_bytes=bucket,
-                timeout_s=PUBLICATION_TIMEOUT_S,
-            ),
-            rollout.join_weight_group.remote(
-                host=host,
-                port=port,
-                world_size=world,
-                backend=backend,
-                layout=layout,
-                bucket_bytes=bucket,
-                timeout_s=PUBLICATION_TIMEOUT_S,
-            ),
+            learner.join_weight_group.remote(address, dtype=dtype, bucket_bytes=bucket),
+            rollout.join_weight_group.remote(address, layout=layout, bucket_bytes=bucket),
         ]
     )
-    return world
+    return address.world_size
 
 
 def role_fault(exc: BaseException, roles: Any, engine_fault: str | None = None) -> str | None:

@@ -21,14 +21,17 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thundersync_core.batch import Trajectory
 from thundersync_core.config import RolloutConfig, RolloutResources
 from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, TurnReady
-from thundersync_core.rollout.engine import SamplingConfig
+from thundersync_core.rollout.engine import SamplingConfig, gone_processes
 from thundersync_core.runtime.placement import check_cores, pin_to_cores
 from thundersync_core.streaming.base import LearnerRefusal
+
+if TYPE_CHECKING:
+    from thundersync_core.rollout.weight_sync import GroupAddress, Layout
 
 
 @dataclass(frozen=True)
@@ -139,15 +142,7 @@ class RolloutWorker:
         return str(getattr(self.engine, "dtype", "float32"))
 
     def join_weight_group(
-        self,
-        *,
-        host: str,
-        port: int,
-        world_size: int,
-        backend: str,
-        layout: list[tuple[str, tuple[int, ...]]],
-        bucket_bytes: int,
-        timeout_s: float,
+        self, address: GroupAddress, *, layout: Layout, bucket_bytes: int
     ) -> list[int]:
         """Every engine worker joins the learner's publication group (ranks from 1)."""
         join = getattr(self.engine, "join_weight_group", None)
@@ -156,18 +151,7 @@ class RolloutWorker:
                 "rollout.publication: collective needs vLLM engines (rollout.engine: vllm); "
                 f"the {type(self.engine).__name__} loads weights from a file"
             )
-        return list(
-            join(
-                host=host,
-                port=port,
-                rank_offset=1,
-                world_size=world_size,
-                backend=backend,
-                layout=layout,
-                bucket_bytes=bucket_bytes,
-                timeout_s=timeout_s,
-            )
-        )
+        return list(join(address, rank_offset=1, layout=layout, bucket_bytes=bucket_bytes))
 
     def receive_weights(self, version: int, verify: bool = False) -> tuple[float, list[Any]]:
         """Receive a broadcast publication now (called while the learner sends it); refused
@@ -225,17 +209,7 @@ class RolloutWorker:
         pool = getattr(self.engine, "dead_engine_processes", None)
         if callable(pool):
             return list(pool())
-        import psutil  # noqa: PLC0415
-
-        dead = []
-        for pid in self._engine_pids:
-            try:
-                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            except psutil.NoSuchProcess:
-                gone = True
-            if gone:
-                dead.append(pid)
-        return dead
+        return gone_processes(self._engine_pids)
 
     def version(self) -> int:
         return self.engine.policy_version
