@@ -8,8 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tests.helpers import train_config_file
+from thundersync_core.config import load_config
 from thundersync_core.policy import build_model, build_tokenizer, save_policy
 from thundersync_core.rollout.vllm_engine import VLLMEngine, vllm_available
+from thundersync_core.train import train
 from thundersync_core.warmstart import warm_start
 
 
@@ -86,3 +89,45 @@ def solver_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         log=lambda _: None,
     )
     return directory
+
+
+#: The reference runs below: 3 steps, a checkpoint after each, sums in trajectory-id order
+#: (``learner_order: fixed``), so sync and thundersync reach bitwise the same weights and a
+#: run that was interrupted and resumed must end bitwise as these.
+REFERENCE_STEPS = 3
+
+
+def _reference_run(root: Path, prep: Path, policy: Path, **extra: object) -> Path:
+    config = train_config_file(
+        root,
+        prep,
+        policy,
+        schedule="sync",
+        steps=REFERENCE_STEPS,
+        checkpoint_every=1,
+        learner_order="fixed",
+        **extra,
+    )
+    out = root / "run"
+    assert train(load_config(config), out)["status"] == "finished"
+    return out
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_run(
+    tmp_path_factory: pytest.TempPathFactory, tiny_prep_dir: Path, solver_policy_dir: Path
+) -> Path:
+    """3 uninterrupted sync steps on the transformers engine (the run folder)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    return _reference_run(root, tiny_prep_dir, solver_policy_dir)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_vllm_run(
+    tmp_path_factory: pytest.TempPathFactory, tiny_prep_dir: Path, solver_policy_dir: Path
+) -> Path:
+    """3 uninterrupted sync steps on one vLLM engine, publishing files (the run folder)."""
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (install the `cpu` or `gpu` extra)")
+    root = tmp_path_factory.mktemp("uninterrupted-vllm")
+    return _reference_run(root, tiny_prep_dir, solver_policy_dir, rollout__engine="vllm")

@@ -35,7 +35,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +59,19 @@ class BenchRig:
     task_ids: list[str]
     groups: Callable[..., Any]
     publish_dirs: list[Path]
+    #: The roles' placement groups by name (``runtime.roles.reserve_roles``).
+    reservations: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
         import ray  # noqa: PLC0415
 
+        from thundersync_core.runtime.placement import release  # noqa: PLC0415
+
         for actor in [self.rollout, self.teacher, *self.learners.values()]:
             if actor is not None:
                 ray.kill(actor)
+        release(self.reservations.values())
+        self.reservations = {}
         for folder in self.publish_dirs:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -77,6 +83,7 @@ def start_rig(config: TrainConfig, out_dir: Path) -> BenchRig:
     from thundersync_core.rollout.weights import publication_dir  # noqa: PLC0415
     from thundersync_core.runtime.placement import start_ray  # noqa: PLC0415
     from thundersync_core.runtime.roles import (  # noqa: PLC0415
+        reserve_roles,
         start_learner,
         start_rollout,
         start_teacher,
@@ -88,25 +95,41 @@ def start_rig(config: TrainConfig, out_dir: Path) -> BenchRig:
     pool = load_pool(config.tasks.prep_dir, "train", config.tasks.families)
     policy_dir, teacher_dir = prepare_policies(config, out_dir, list(pool.values()))
     start_ray(config.resources)
-    rollout = start_rollout(config, policy_dir, pool)
-    teacher = start_teacher(config, teacher_dir) if teacher_dir is not None else None
     # The two learners share the learner's cores and its share of Ray's CPUs: one of them
     # works at a time.
     learner = config.resources.learner
     shared = learner.model_copy(update={"num_cpus": learner.num_cpus / 2})
+    reserved = reserve_roles(
+        config, teacher=teacher_dir is not None, learners=dict.fromkeys(BENCH_SCHEDULES, shared)
+    )
     publish_dirs = {s: publication_dir(f"bench-{s}") for s in BENCH_SCHEDULES}
-    learners = {
-        s: start_learner(
-            config.model_copy(update={"schedule": s}),
-            policy_dir,
-            publish_dir=publish_dirs[s],
-            resources=shared,
-        )
-        for s in BENCH_SCHEDULES
-    }
-    ray.get([rollout.version.remote(), *(lrn.version.remote() for lrn in learners.values())])
+    rollout = teacher = None
+    learners: dict[str, Any] = {}
+    try:
+        rollout = start_rollout(config, policy_dir, pool, reservation=reserved["rollout"])
+        if teacher_dir is not None:
+            teacher = start_teacher(config, teacher_dir, reservation=reserved["teacher"])
+        for s in BENCH_SCHEDULES:
+            learners[s] = start_learner(
+                config.model_copy(update={"schedule": s}),
+                policy_dir,
+                publish_dir=publish_dirs[s],
+                resources=shared,
+                reservation=reserved[f"learner.{s}"],
+            )
+        ray.get([rollout.version.remote(), *(lrn.version.remote() for lrn in learners.values())])
+    except BaseException:
+        dirs = list(publish_dirs.values())
+        BenchRig(rollout, teacher, learners, [], lambda *_: None, dirs, reserved).close()
+        raise
     return BenchRig(
-        rollout, teacher, learners, list(pool), group_lookup(rollout), list(publish_dirs.values())
+        rollout,
+        teacher,
+        learners,
+        list(pool),
+        group_lookup(rollout),
+        list(publish_dirs.values()),
+        reserved,
     )
 
 

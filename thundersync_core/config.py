@@ -28,11 +28,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+#: How a role's bundles (one per rank or engine) are laid over the nodes: Ray's placement
+#: group strategies. ``pack`` fills a node before the next; ``strict_pack`` one node or
+#: nothing; ``spread`` / ``strict_spread`` one bundle a node where possible / always.
+Placement = Literal["pack", "strict_pack", "spread", "strict_spread"]
+
+
 class RoleResources(_Strict):
     num_cpus: float = Field(default=1.0, ge=0)
     num_gpus: float = Field(default=0.0, ge=0)
     #: CPU cores the role is pinned to (empty: not pinned).
     cores: tuple[int, ...] = ()
+    #: The role's placement group strategy (a role holding no CPUs or GPUs has none).
+    placement: Placement = "pack"
 
 
 class LearnerResources(RoleResources):
@@ -72,6 +80,9 @@ class ResourcesConfig(_Strict):
     devices: int = Field(default=0, ge=0)
     #: Learner peak FLOP/s for MFU (0: measured once at start with a float32 GEMM).
     learner_peak_flops: float = Field(default=0.0, ge=0)
+    #: A role's placement group not placed within this many seconds is refused, naming
+    #: the role and what the cluster has free (instead of a run pending for ever).
+    placement_timeout_s: float = Field(default=120.0, gt=0)
 
 
 class PolicyConfig(_Strict):

@@ -44,7 +44,13 @@ from thundersync_core.config import TrainConfig, dump_config
 from thundersync_core.pools import dev_tasks, load_pool, plan_step
 from thundersync_core.recording import StepRecorder, steps_recorded, truncate_metrics
 from thundersync_core.rollout.weights import publication_dir
-from thundersync_core.runtime.roles import first_line, named_roles, role_fault, start_roles
+from thundersync_core.runtime.roles import (
+    first_line,
+    named_roles,
+    role_fault,
+    start_roles,
+    stop_roles,
+)
 from thundersync_core.runtime.rollout_worker import RolloutSpec
 from thundersync_core.warmstart.cache import prepare_policies
 
@@ -375,14 +381,14 @@ class _Crew:
         shutil.rmtree(self.publish_dir, ignore_errors=True)
 
     def stop(self) -> None:
-        """Close the rollout role's sandboxes if it still answers, then kill every role."""
+        """Close the rollout role's sandboxes if it still answers, then kill every role and
+        give their placement groups back."""
         import ray  # noqa: PLC0415
 
         self._watch_stop.set()
         with contextlib.suppress(Exception):  # best effort: the role is killed next anyway
             ray.get(self.roles.rollout.close.remote(), timeout=30)
-        for _name, actor in named_roles(self.roles):
-            ray.kill(actor)
+        stop_roles(self.roles)
 
     def _write_pids(self) -> None:
         """``roles.json``: the driver's and each role's process ids (and the engine core's)."""

@@ -4,7 +4,8 @@ trajectory-id order the weights, are bitwise those of a one-engine run, while bo
 served requests. The two-engine run publishes by collective (a gloo broadcast from the
 learner to both engines' workers) with ``verify_publication``: after every step each
 engine checks that its loaded parameters are bitwise what the learner sent, and that what
-arrived hashes as what was sent; the one-engine run publishes files."""
+arrived hashes as what was sent. The one-engine run is the session's sync reference on vLLM
+(file publication), so the two-engine thundersync run also meets sync's update."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from safetensors.torch import load_file
 
 from tests.helpers import checkpoint_weights, max_rel_diff, train_config_file
 from thundersync_core.config import load_config
-from thundersync_core.rollout.vllm_engine import vllm_available
 from thundersync_core.train import train
 
 pytestmark = pytest.mark.integration
@@ -36,32 +36,30 @@ def _sampled(batch: Path) -> dict[str, tuple]:
     return out
 
 
-def test_two_engines_train_bitwise_as_one(tmp_path, tiny_prep_dir, solver_policy_dir):
-    if not vllm_available():
-        pytest.skip("vLLM is not installed (collective publication loads into vLLM engines)")
-    engine = "vllm"
-    common = {
-        "schedule": "thundersync",
-        "steps": 2,
-        "learner_order": "fixed",
-        "rollout__engine": engine,
-    }
-    runs = {}
-    collective = {"rollout__publication": "collective", "rollout__verify_publication": True}
-    for engines in (1, 2):
-        config = train_config_file(
-            tmp_path,
-            tiny_prep_dir,
-            solver_policy_dir,
-            resources__rollout__engines=engines,
-            **common,
-            **(collective if engines == 2 else {}),
-        )
-        assert train(load_config(config), tmp_path / f"e{engines}")["status"] == "finished"
-        runs[engines] = [
-            json.loads(line)
-            for line in (tmp_path / f"e{engines}" / "metrics.jsonl").read_text().splitlines()
+def test_two_engines_train_bitwise_as_one(
+    tmp_path, tiny_prep_dir, solver_policy_dir, uninterrupted_vllm_run
+):
+    steps = 2
+    config = train_config_file(
+        tmp_path,
+        tiny_prep_dir,
+        solver_policy_dir,
+        schedule="thundersync",
+        steps=steps,
+        learner_order="fixed",
+        rollout__engine="vllm",
+        rollout__publication="collective",
+        rollout__verify_publication=True,
+        resources__rollout__engines=2,
+    )
+    assert train(load_config(config), tmp_path / "e2")["status"] == "finished"
+    folders = {1: uninterrupted_vllm_run, 2: tmp_path / "e2"}
+    runs = {
+        n: [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][
+            :steps
         ]
+        for n, folder in folders.items()
+    }
     served = runs[2][-1]["engine_requests"]
     assert len(served) == 2
     assert min(served) > 0, f"an engine served nothing: {served}"
@@ -74,12 +72,10 @@ def test_two_engines_train_bitwise_as_one(tmp_path, tiny_prep_dir, solver_policy
     )
     assert "publication_bytes" not in runs[1][-1]
     assert [r["reward_mean"] for r in runs[1]] == [r["reward_mean"] for r in runs[2]]
-    for step in (0, 1):
-        sampled = [
-            _sampled(tmp_path / f"e{n}" / "batches" / f"step-{step:06d}.jsonl") for n in (1, 2)
-        ]
+    for step in range(steps):
+        sampled = [_sampled(folders[n] / "batches" / f"step-{step:06d}.jsonl") for n in (1, 2)]
         assert sampled[0] == sampled[1], f"step {step}: two engines sampled other tokens"
-    one, two = checkpoint_weights(tmp_path / "e1", 2), checkpoint_weights(tmp_path / "e2", 2)
+    one, two = checkpoint_weights(folders[1], steps), checkpoint_weights(folders[2], steps)
     start = load_file(str(solver_policy_dir / "model.safetensors"))
     assert max_rel_diff(start, one) > 1e-4, "training must have moved the weights"
     assert max_rel_diff(one, two) == 0.0

@@ -44,11 +44,10 @@ def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, tiny_prep_dir, solver_policy_dir) -> dict[str, torch.Tensor]:
-    """The weights after 3 uninterrupted steps (sync; thundersync is shown equal below)."""
-    root = tmp_path_factory.mktemp("uninterrupted")
-    train(load_config(_config(root, tiny_prep_dir, solver_policy_dir, "sync")), root / "run")
-    weights = checkpoint_weights(root / "run", STEPS)
+def uninterrupted(uninterrupted_run: Path, solver_policy_dir: Path) -> dict[str, torch.Tensor]:
+    """The weights after 3 uninterrupted sync steps (the session's reference run, with the
+    settings above); thundersync is shown bitwise equal below."""
+    weights = checkpoint_weights(uninterrupted_run, STEPS)
     start = load_file(str(solver_policy_dir / "model.safetensors"))
     assert not _equal(weights, start), "training must move the weights"
     return weights
@@ -157,25 +156,22 @@ def test_a_grader_that_raises_stops_the_run_naming_it_and_resume_ends_as_uninter
 
 @pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
 def test_a_killed_vllm_engine_core_is_restarted_and_the_run_ends_as_uninterrupted(
-    tmp_path, tiny_prep_dir, solver_policy_dir
+    tmp_path, tiny_prep_dir, solver_policy_dir, uninterrupted_vllm_run
 ):
-    def run(name: str, schedule: str, fault: bool) -> tuple[Path, dict]:
-        out = tmp_path / name
-        path = _config(tmp_path, tiny_prep_dir, solver_policy_dir, schedule, rollout__engine="vllm")
-        killer = _when_step_in_flight(out, _kill(out, "engine")) if fault else None
-        summary = train(load_config(path), out)
-        if killer is not None:
-            killer.join(timeout=1)
-        return out, summary
-
-    whole, _ = run("whole", "sync", fault=False)
+    whole = uninterrupted_vllm_run  # sync, 3 steps on one vLLM engine
     # The engine core is found (the fault below needs its pid), and it is gone with the run.
     [engine_pid] = json.loads((whole / "roles.json").read_text())["engine"]
     t0 = time.time()
     while psutil.pid_exists(engine_pid) and psutil.Process(engine_pid).status() != "zombie":
         assert time.time() - t0 < 20, f"engine core {engine_pid} outlived its run"
         time.sleep(0.1)
-    out, summary = run("faulted", "thundersync", fault=True)
+    out = tmp_path / "faulted"
+    path = _config(
+        tmp_path, tiny_prep_dir, solver_policy_dir, "thundersync", rollout__engine="vllm"
+    )
+    killer = _when_step_in_flight(out, _kill(out, "engine"))
+    summary = train(load_config(path), out)
+    killer.join(timeout=1)
     assert summary["status"] == "finished"
     [recovery] = summary["recoveries"]
     assert "rollout engine failed: the vLLM engine core process died" in recovery["fault"]

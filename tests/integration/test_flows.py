@@ -374,6 +374,7 @@ def test_a_killed_trainer_is_retried_and_finishes_from_its_latest_checkpoint(
     prefect_backend: None,
     tiny_prep_dir: Path,
     solver_policy_dir: Path,
+    uninterrupted_run: Path,
     tmp_path: Path,
 ) -> None:
     from prefect.client.orchestration import get_client  # noqa: PLC0415
@@ -382,15 +383,12 @@ def test_a_killed_trainer_is_retried_and_finishes_from_its_latest_checkpoint(
     from flows.train import train_flow  # noqa: PLC0415
     from tests.helpers import checkpoint_weights, train_config_file  # noqa: PLC0415
     from thundersync_core.checkpoint import latest_checkpoint  # noqa: PLC0415
-    from thundersync_core.config import load_config  # noqa: PLC0415
-    from thundersync_core.train import train  # noqa: PLC0415
 
     prep = tmp_path / "prep"  # the fixture pool, with the manifest a prep run writes
     shutil.copytree(tiny_prep_dir, prep)
     (prep / "manifest.json").write_text(json.dumps({"sources": ["tests/fixtures/tasks"]}))
     settings = {"steps": 3, "checkpoint_every": 1, "learner_order": "fixed"}
     config = train_config_file(tmp_path, prep, solver_policy_dir, **settings)
-    train(load_config(config), tmp_path / "uninterrupted")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     params = TrainParams(
         train_config=str(config),
@@ -442,8 +440,8 @@ def test_a_killed_trainer_is_retried_and_finishes_from_its_latest_checkpoint(
     )
     assert run.info.status == "FINISHED"
     assert _steps(client, run.info.run_id, "step_wall_s") == [0, 1, 2]
-    whole, resumed = (
-        checkpoint_weights(tmp_path / "uninterrupted", 3),
+    whole, resumed = (  # the session's uninterrupted sync run is the reference
+        checkpoint_weights(uninterrupted_run, 3),
         checkpoint_weights(run_dir, 3),
     )
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)

@@ -12,6 +12,7 @@ one-process learner with the group's weights.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -152,3 +153,58 @@ def test_timing_passes_leave_the_learner_as_it_was(micro_model_dir, tmp_path):
     assert a["grad_norm"] == b["grad_norm"]
     after = load_file(a["weights"])
     assert all(torch.equal(after[k], v) for k, v in load_file(b["weights"]).items())
+
+
+def test_ranks_sit_in_one_placement_group_that_is_given_back(
+    ray_session, micro_model_dir, tmp_path
+):
+    """The ranks run in their bundles (the group's CPUs are in use while they live), a
+    request the cluster cannot meet is refused naming the role and what is free, and
+    stopping the roles gives every group back."""
+    ray = ray_session
+    from ray.util.placement_group import placement_group_table  # noqa: PLC0415
+
+    from thundersync_core.runtime.placement import reserve  # noqa: PLC0415
+    from thundersync_core.runtime.roles import (  # noqa: PLC0415
+        reserve_roles,
+        start_learner,
+        stop_roles,
+    )
+    from thundersync_core.schedules.base import Roles  # noqa: PLC0415
+
+    free_before = ray.available_resources().get("CPU", 0.0)
+    config = config_for(2)
+    learner = config.resources.learner.model_copy(update={"placement": "strict_pack"})
+    config = config.model_copy(
+        update={"resources": config.resources.model_copy(update={"learner": learner})}
+    )
+    reserved = reserve_roles(config, teacher=False)
+    group_pg = reserved["learner"].group
+    table = placement_group_table(group_pg)
+    assert (table["state"], table["strategy"]) == ("CREATED", "STRICT_PACK")
+    assert list(table["bundles"].values()) == [{"CPU": 0.5}] * 2
+    roles = Roles(None, None, None, reservations=list(reserved.values()))
+    roles.learner = start_learner(
+        config, micro_model_dir, publish_dir=tmp_path / "pub", reservation=reserved["learner"]
+    )
+    assert ray.get(roles.learner.version.remote(), timeout=120) == 0
+    # Each rank holds its bundle's half CPU: the group has none left while they live.
+    group_cpu = f"CPU_group_{group_pg.id.hex()}"
+    assert ray.cluster_resources()[group_cpu] == pytest.approx(1.0)
+    assert ray.available_resources().get(group_cpu, 0.0) == pytest.approx(0.0, abs=1e-3)
+    # More than is free: refused within the timeout, naming the role, not pending for ever.
+    free = ray.available_resources().get("CPU", 0.0)
+    greedy = config.resources.teacher.model_copy(update={"num_cpus": free + 0.5})
+    with pytest.raises(
+        ValueError,
+        match=r"resources\.teacher: 1 bundle\(s\) of .* CPU \(pack\) "
+        r"could not be placed within 2 s .* the cluster has [\d.]+ CPU, 0 GPU free",
+    ):
+        reserve("teacher", greedy, timeout_s=2.0)
+    stop_roles(roles)
+    assert placement_group_table(group_pg)["state"] == "REMOVED"
+    assert roles.reservations == []
+    deadline = time.time() + 30
+    while ray.available_resources().get("CPU", 0.0) < free_before - 1e-6:
+        assert time.time() < deadline, ray.available_resources()
+        time.sleep(0.2)

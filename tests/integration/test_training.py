@@ -196,7 +196,7 @@ def _run_and_kill(config: Path, out: Path) -> int:
 
 @pytest.mark.parametrize("schedule", ["sync", "thundersync"])
 def test_kill_and_resume_ends_with_the_uninterrupted_weights(
-    tmp_path, tiny_prep_dir, solver_policy_dir, schedule
+    tmp_path, tiny_prep_dir, solver_policy_dir, uninterrupted_run, schedule
 ):
     config = train_config_file(
         tmp_path,
@@ -208,7 +208,6 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
         checkpoint_keep_last=1,  # the resume must still find the latest whole
         checkpoint_keep_every=2,
     )
-    train(load_config(config), tmp_path / "whole")
     killed_pid = _run_and_kill(config, tmp_path / "killed")
     assert not (tmp_path / "killed" / "checkpoints" / "step-000003").exists()
     assert publications_of(killed_pid), "the killed run left its weight files behind"
@@ -216,8 +215,9 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
     assert summary["status"] == "finished"
     # The resumed run removed the dead run's publication folder, and its own at the end.
     assert publications_of(killed_pid) == publications_of(os.getpid()) == []
+    # The session's uninterrupted sync run (3 steps, fixed order) is the reference.
     whole, resumed = (
-        checkpoint_weights(tmp_path / "whole", 3),
+        checkpoint_weights(uninterrupted_run, 3),
         checkpoint_weights(tmp_path / "killed", 3),
     )
     start = load_file(str(solver_policy_dir / "model.safetensors"))
@@ -225,10 +225,9 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
     # Bitwise: the sums are taken in trajectory-id order whatever order rewards landed in.
     assert max_rel_diff(whole, resumed) == 0.0
     # Retention: the last checkpoint whole, step 2 (on checkpoint_keep_every) as weights.
-    for run in ("whole", "killed"):
-        root = tmp_path / run / "checkpoints"
-        assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003"]
-        assert {p.name for p in (root / "step-000002").iterdir()} == {"model", "state.json"}
+    root = tmp_path / "killed" / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003"]
+    assert {p.name for p in (root / "step-000002").iterdir()} == {"model", "state.json"}
     steps = [
         json.loads(x)["step"]
         for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
@@ -238,7 +237,7 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
 
 @pytest.mark.parametrize("schedule", ["sync", "thundersync"])
 def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_ends_as_uninterrupted(
-    tmp_path, tiny_prep_dir, solver_policy_dir, schedule
+    tmp_path, tiny_prep_dir, solver_policy_dir, uninterrupted_run, schedule
 ):
     # Checkpoints only at the end: the one the stop leaves is written because of it.
     config = train_config_file(
@@ -250,7 +249,6 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_ends_as_unint
         checkpoint_every=3,
         learner_order="fixed",
     )
-    train(load_config(config), tmp_path / "whole")
     out = tmp_path / "stopped"
     argv = [sys.executable, "-m", "thundersync_core.cli", "train", "--config", str(config)]
     proc = subprocess.Popen(
@@ -278,7 +276,8 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_ends_as_unint
     assert 1 <= summary["steps"] < 3
     assert (out / "checkpoints" / f"step-{summary['steps']:06d}" / "state.json").is_file()
     assert train(load_config(config), out, resume=True)["status"] == "finished"
-    assert max_rel_diff(checkpoint_weights(tmp_path / "whole", 3), checkpoint_weights(out, 3)) == 0
+    whole = checkpoint_weights(uninterrupted_run, 3)  # the session's sync reference
+    assert max_rel_diff(whole, checkpoint_weights(out, 3)) == 0
 
 
 def test_dev_is_measured_before_and_after_task_by_task(tmp_path, tiny_prep_dir, solver_policy_dir):

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from pydantic import ValidationError
 
 from thundersync_core.config import (
     LearnerResources,
@@ -16,7 +17,12 @@ from thundersync_core.config import (
     RoleResources,
     RolloutResources,
 )
-from thundersync_core.runtime.placement import check_cores, check_feasible, pin_to_cores
+from thundersync_core.runtime.placement import (
+    bundles_of,
+    check_cores,
+    check_feasible,
+    pin_to_cores,
+)
 
 # Run in a child: pinning changes the whole process, which the test session must not suffer.
 CHILD = textwrap.dedent(
@@ -137,3 +143,20 @@ def test_roles_the_cluster_cannot_place_are_refused_naming_the_role():
     check_feasible(ranks, [{"CPU": 10.0, "GPU": 0.0}] * 2)  # 10 CPUs per rank, one per node
     with pytest.raises(ValueError, match=r"resources.learner: each of its 2 ranks needs 10 CPUs"):
         check_feasible(ranks, [{"CPU": 8.0, "GPU": 0.0}] * 2)
+
+
+def test_a_role_reserves_a_bundle_per_rank_or_engine_and_nothing_when_it_holds_nothing():
+    assert bundles_of(LearnerResources(num_cpus=2, num_gpus=8, ranks=8)) == (
+        8,
+        {"CPU": 0.25, "GPU": 1.0},
+    )
+    assert bundles_of(RolloutResources(num_cpus=4, num_gpus=4, engines=2)) == (
+        2,
+        {"CPU": 2.0, "GPU": 2.0},
+    )
+    # One engine: one bundle for the worker that holds it; no GPUs, no GPU key.
+    assert bundles_of(RolloutResources(num_cpus=1)) == (1, {"CPU": 1.0})
+    # The default teacher holds nothing: it reserves no group (Ray refuses empty bundles).
+    assert bundles_of(RoleResources(num_cpus=0.0)) == (1, {})
+    with pytest.raises(ValidationError, match="placement"):
+        RoleResources(placement="everywhere")  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from thundersync_core.rollout.engine import (
 
 if TYPE_CHECKING:
     from thundersync_core.rollout.weight_sync import GroupAddress
+    from thundersync_core.runtime.placement import Reservation
 
 __all__ = ["EngineActor", "EnginePool", "assign_requests", "start_engines"]
 
@@ -264,18 +265,25 @@ def start_engines(
     cores: tuple[int, ...],
     max_model_len: int,
     policy_version: int,
+    placement: Reservation | None = None,
 ) -> EnginePool:
     """``engines`` EngineActors, each with its share of the rollout role's GPUs and CPUs
     (cores: engine i takes cores[i::engines], all of them when there are fewer cores than
-    engines), as one pool."""
+    engines; engine i in bundle i of ``placement``), as one pool."""
     import ray  # noqa: PLC0415
 
-    # Two threads: the dead-process check answers while a generation call is under way.
-    actor = ray.remote(EngineActor).options(
-        num_gpus=num_gpus / engines, num_cpus=num_cpus / engines, max_concurrency=2
-    )
+    from thundersync_core.runtime.placement import in_bundle  # noqa: PLC0415
+
     handles = [
-        actor.remote(
+        # Two threads: the dead-process check answers while a generation call is under way.
+        ray.remote(EngineActor)
+        .options(
+            num_gpus=num_gpus / engines,
+            num_cpus=num_cpus / engines,
+            max_concurrency=2,
+            **in_bundle(placement, i),
+        )
+        .remote(
             kind,
             model_dir,
             max_model_len=max_model_len,

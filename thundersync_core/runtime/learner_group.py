@@ -13,11 +13,10 @@ the global norm and takes one optimizer step (``parallel/fsdp.py``: replicated o
 Rendezvous: the group asks rank 0 for a free port on its node; when every rank sits on one
 node the address is 127.0.0.1, otherwise rank 0's node IP. The backend is NCCL when the
 ranks hold GPUs, gloo otherwise. Every collective times out after ``COLLECTIVE_TIMEOUT_S``,
-so a rank that dies or refuses inside the barrier fails the step instead of hanging it.
-
-Limitation: a refusal raised on one rank *inside* the barrier (after the others entered
-the reduction) surfaces on the others only at the timeout; refusals recorded while sources
-streamed in are checked on every rank before any rank enters the barrier.
+so a rank that dies inside the barrier fails the step instead of hanging it; a rank that
+refuses the barrier tells the others in the barrier's first collective (``refusing_ranks``),
+so every rank refuses at once. The ranks sit in one placement group, rank r in bundle r
+(``runtime/placement.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import Any
 import torch
 
 from thundersync_core.batch import Trajectory, Turn
-from thundersync_core.config import TrainConfig
+from thundersync_core.config import LearnerResources, TrainConfig
 from thundersync_core.parallel.data_parallel import (
     GroupAssigner,
     ProcessGroupReducer,
@@ -38,7 +37,7 @@ from thundersync_core.parallel.data_parallel import (
 )
 from thundersync_core.policy.io import load_model, load_tokenizer
 from thundersync_core.runtime.learner_worker import LearnerWorker, build_learner, learner_device
-from thundersync_core.runtime.placement import pin_to_cores
+from thundersync_core.runtime.placement import Reservation, in_bundle, pin_to_cores
 from thundersync_core.streaming.base import LearnerRefusal
 
 #: A barrier waits for the slowest rank's queued sources; generous, but finite.
@@ -158,16 +157,21 @@ class LearnerGroup:
         publish_dir: Path,
         resume_from: Path | None = None,
         timeout_s: float = COLLECTIVE_TIMEOUT_S,
+        resources: LearnerResources | None = None,
+        placement: Reservation | None = None,
     ) -> None:
         import ray  # noqa: PLC0415
 
-        res = config.resources.learner
+        res = resources or config.resources.learner
         world = res.ranks
-        rank_actor = ray.remote(LearnerRank).options(
-            num_cpus=res.num_cpus / world, num_gpus=res.num_gpus / world
-        )
         self.ranks: list[Any] = [
-            rank_actor.remote(
+            ray.remote(LearnerRank)
+            .options(
+                num_cpus=res.num_cpus / world,
+                num_gpus=res.num_gpus / world,
+                **in_bundle(placement, r),
+            )
+            .remote(
                 model_dir,
                 config,
                 rank=r,

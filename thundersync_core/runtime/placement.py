@@ -1,13 +1,29 @@
-"""Ray start-up, actor placement with explicit resources, and core pinning."""
+"""Ray start-up, placement groups for the roles, actors with explicit resources, and core
+pinning.
+
+Each role that holds CPUs or GPUs reserves a Ray placement group before any actor starts:
+one bundle per learner rank (or one for the one-process learner), one per engine (or one
+for the rollout worker with its engine), one for the teacher; the role's ``placement``
+strategy lays the bundles over the nodes (``pack`` by default: ranks share a node's
+interconnect). A group the cluster cannot place within ``resources.placement_timeout_s`` is
+refused naming the role, what it asked for and what the cluster has free.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from thundersync_core.config import ResourcesConfig, RoleResources
+from thundersync_core.config import (
+    LearnerResources,
+    ResourcesConfig,
+    RoleResources,
+    RolloutResources,
+)
 
 
 def start_ray(resources: ResourcesConfig) -> None:
@@ -98,12 +114,98 @@ def check_feasible(resources: ResourcesConfig, nodes: Sequence[dict[str, float]]
             )
 
 
-def remote_role(cls: type, role: RoleResources, *, max_concurrency: int = 1) -> Any:
-    """``cls`` as a Ray actor class with the role's resources."""
+@dataclass(frozen=True)
+class Reservation:
+    """A role's placement group: ``count`` equal bundles, one per rank or engine."""
+
+    role: str
+    group: Any  # ray.util.placement_group.PlacementGroup
+    count: int
+
+
+def bundles_of(role: RoleResources) -> tuple[int, dict[str, float]]:
+    """(number of bundles, one bundle's resources): a bundle per learner rank or per engine
+    (one for a one-engine rollout role, whose worker holds the engine)."""
+    count = 1
+    if isinstance(role, LearnerResources):
+        count = role.ranks
+    elif isinstance(role, RolloutResources):
+        count = role.engines
+    bundle = {"CPU": role.num_cpus / count, "GPU": role.num_gpus / count}
+    return count, {key: value for key, value in bundle.items() if value > 0}
+
+
+def reserve(name: str, role: RoleResources, *, timeout_s: float) -> Reservation | None:
+    """Reserve the role's bundles (None when it holds no CPUs or GPUs: nothing to place)."""
+    import ray  # noqa: PLC0415
+    from ray.util.placement_group import placement_group, remove_placement_group  # noqa: PLC0415
+
+    count, bundle = bundles_of(role)
+    if not bundle:
+        return None
+    group = placement_group(
+        [dict(bundle) for _ in range(count)],
+        strategy=role.placement.upper(),
+        name=f"thundersync-{name}-{uuid.uuid4().hex[:8]}",
+    )
+    if not group.wait(timeout_seconds=timeout_s):
+        remove_placement_group(group)
+        free = ray.available_resources()
+        raise ValueError(
+            f"resources.{name}: {count} bundle(s) of {_amounts(bundle)} ({role.placement}) "
+            f"could not be placed within {timeout_s:g} s (resources.placement_timeout_s); "
+            f"the cluster has {_amounts({k: free.get(k, 0.0) for k in ('CPU', 'GPU')})} free"
+        )
+    return Reservation(name, group, count)
+
+
+def release(reservations: Iterable[Reservation | None]) -> None:
+    """Give the placement groups back (their actors end with them)."""
+    from ray.util.placement_group import remove_placement_group  # noqa: PLC0415
+
+    for reservation in reservations:
+        if reservation is not None:
+            with contextlib.suppress(Exception):  # already gone with its cluster
+                remove_placement_group(reservation.group)
+
+
+def in_bundle(reservation: Reservation | None, index: int = 0) -> dict[str, Any]:
+    """Actor options placing it in bundle ``index`` of ``reservation`` (none: Ray's default)."""
+    if reservation is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: PLC0415
+
+    if not 0 <= index < reservation.count:
+        raise ValueError(
+            f"{reservation.role}: bundle {index} asked of a group of {reservation.count}"
+        )
+    return {
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=reservation.group, placement_group_bundle_index=index
+        )
+    }
+
+
+def _amounts(resources: dict[str, float]) -> str:
+    return ", ".join(f"{value:g} {key}" for key, value in resources.items()) or "nothing"
+
+
+def remote_role(
+    cls: type,
+    role: RoleResources,
+    *,
+    max_concurrency: int = 1,
+    reservation: Reservation | None = None,
+) -> Any:
+    """``cls`` as a Ray actor class with the role's resources (in the reservation's first
+    bundle when given)."""
     import ray  # noqa: PLC0415
 
     return ray.remote(cls).options(
-        num_cpus=role.num_cpus, num_gpus=role.num_gpus, max_concurrency=max_concurrency
+        num_cpus=role.num_cpus,
+        num_gpus=role.num_gpus,
+        max_concurrency=max_concurrency,
+        **in_bundle(reservation),
     )
 
 

@@ -9,35 +9,75 @@ checkpoint after one (``train.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thundersync_core.config import LearnerResources, RoleResources, TrainConfig
+
+if TYPE_CHECKING:
+    from thundersync_core.runtime.placement import Reservation
 
 __all__ = [
     "first_line",
     "named_roles",
+    "reserve_roles",
     "role_fault",
     "start_learner",
     "start_roles",
     "start_rollout",
     "start_teacher",
+    "stop_roles",
 ]
 
 
+def reserve_roles(
+    config: TrainConfig, *, teacher: bool, learners: dict[str, LearnerResources] | None = None
+) -> dict[str, Reservation | None]:
+    """A placement group for each role (``learners``: several learners by name, as the bench
+    runs), all reserved before any actor starts; one the cluster cannot place is refused
+    naming the role, and what was reserved before it is given back."""
+    from thundersync_core.runtime.placement import release, reserve  # noqa: PLC0415
+
+    res = config.resources
+    wanted: dict[str, RoleResources] = {"rollout": res.rollout}
+    if learners:
+        wanted |= {f"learner.{name}": role for name, role in learners.items()}
+    else:
+        wanted["learner"] = res.learner
+    if teacher:
+        wanted["teacher"] = res.teacher
+    reserved: dict[str, Reservation | None] = {}
+    try:
+        for name, role in wanted.items():
+            reserved[name] = reserve(name.split(".")[0], role, timeout_s=res.placement_timeout_s)
+    except BaseException:
+        release(reserved.values())
+        raise
+    return reserved
+
+
 def start_rollout(
-    config: TrainConfig, engine_dir: Path, pool: dict[str, Path], *, policy_version: int = 0
+    config: TrainConfig,
+    engine_dir: Path,
+    pool: dict[str, Path],
+    *,
+    policy_version: int = 0,
+    reservation: Reservation | None = None,
 ) -> Any:
     """The rollout worker (engine, agent, sandboxes, graders) serving ``engine_dir``."""
     from thundersync_core.runtime.placement import remote_role  # noqa: PLC0415
     from thundersync_core.runtime.rollout_worker import RolloutWorker  # noqa: PLC0415
 
     res = config.resources.rollout
-    # With several engines they hold the role's GPUs and CPUs as their own actors; the
-    # worker (agent, sandboxes, graders) runs on the role's cores beside them.
-    worker = res.model_copy(update={"num_cpus": 0.0, "num_gpus": 0.0}) if res.engines > 1 else res
-    return remote_role(RolloutWorker, worker, max_concurrency=2).remote(
+    several = res.engines > 1
+    # With several engines they hold the role's GPUs and CPUs as their own actors, one a
+    # bundle; the worker (agent, sandboxes, graders) runs on the role's cores beside them.
+    worker = res.model_copy(update={"num_cpus": 0.0, "num_gpus": 0.0}) if several else res
+    return remote_role(
+        RolloutWorker, worker, max_concurrency=2, reservation=None if several else reservation
+    ).remote(
         engine_dir,
         pool,
         config.rollout,
@@ -45,16 +85,19 @@ def start_rollout(
         seed=config.seed,
         policy_version=policy_version,
         resources=res,
+        placement=reservation if several else None,
     )
 
 
-def start_teacher(config: TrainConfig, teacher_dir: Path) -> Any:
+def start_teacher(
+    config: TrainConfig, teacher_dir: Path, *, reservation: Reservation | None = None
+) -> Any:
     """The OPD teacher: a frozen model scoring turns."""
     from thundersync_core.runtime.placement import remote_role  # noqa: PLC0415
     from thundersync_core.runtime.teacher_worker import TeacherWorker  # noqa: PLC0415
 
     res = config.resources.teacher
-    return remote_role(TeacherWorker, res).remote(
+    return remote_role(TeacherWorker, res, reservation=reservation).remote(
         teacher_dir, cores=res.cores, top_k=config.opd_teacher_top_k, num_gpus=res.num_gpus
     )
 
@@ -66,9 +109,11 @@ def start_learner(
     publish_dir: Path,
     resume_from: Path | None = None,
     resources: LearnerResources | None = None,
+    reservation: Reservation | None = None,
 ) -> Any:
-    """The learner: one worker, or a group facade over ``resources.learner.ranks`` ranks.
-    ``resources`` overrides the config's (the bench gives two learners half each)."""
+    """The learner: one worker, or a group facade over ``resources.learner.ranks`` ranks
+    (rank r in bundle r of ``reservation``). ``resources`` overrides the config's (the
+    bench gives two learners half each)."""
     from thundersync_core.runtime.learner_worker import LearnerWorker  # noqa: PLC0415
     from thundersync_core.runtime.placement import remote_role  # noqa: PLC0415
 
@@ -79,9 +124,14 @@ def start_learner(
         # The facade only routes sources; the ranks it starts hold the learner's resources.
         facade: RoleResources = res.model_copy(update={"num_cpus": 0.0, "num_gpus": 0.0})
         return remote_role(LearnerGroup, facade).remote(
-            policy_dir, config, publish_dir=publish_dir, resume_from=resume_from
+            policy_dir,
+            config,
+            publish_dir=publish_dir,
+            resume_from=resume_from,
+            resources=res,
+            placement=reservation,
         )
-    return remote_role(LearnerWorker, res).remote(
+    return remote_role(LearnerWorker, res, reservation=reservation).remote(
         policy_dir, config, publish_dir=publish_dir, resume_from=resume_from
     )
 
@@ -106,17 +156,49 @@ def start_roles(
         state = json.loads((checkpoint / "state.json").read_text())
         print(f"[resume] from {checkpoint} (step {state['step']})", flush=True)
     engine_dir = checkpoint / "model" if checkpoint is not None else policy_dir
-    learner = start_learner(config, policy_dir, publish_dir=publish_dir, resume_from=checkpoint)
-    rollout = start_rollout(config, engine_dir, pool, policy_version=int(state["policy_version"]))
-    teacher = start_teacher(config, teacher_dir) if teacher_dir is not None else None
-    # Wait for every role to be up, so step 0 measures training and not start-up.
-    ray.get(
-        [a.version.remote() for a in (rollout, learner)]
-        + ([teacher.ready.remote()] if teacher else [])
-    )
-    if config.rollout.publication == "collective":
-        join_publication_group(config, learner, rollout)
-    return Roles(rollout, learner, teacher), int(state["step"]), state
+    reserved = reserve_roles(config, teacher=teacher_dir is not None)
+    roles = Roles(None, None, None, reservations=list(reserved.values()))
+    try:
+        roles.learner = start_learner(
+            config,
+            policy_dir,
+            publish_dir=publish_dir,
+            resume_from=checkpoint,
+            reservation=reserved["learner"],
+        )
+        roles.rollout = start_rollout(
+            config,
+            engine_dir,
+            pool,
+            policy_version=int(state["policy_version"]),
+            reservation=reserved["rollout"],
+        )
+        if teacher_dir is not None:
+            roles.teacher = start_teacher(config, teacher_dir, reservation=reserved["teacher"])
+        # Wait for every role to be up, so step 0 measures training and not start-up.
+        ray.get(
+            [a.version.remote() for a in (roles.rollout, roles.learner)]
+            + ([roles.teacher.ready.remote()] if roles.teacher else [])
+        )
+        if config.rollout.publication == "collective":
+            join_publication_group(config, roles.learner, roles.rollout)
+    except BaseException:
+        stop_roles(roles)
+        raise
+    return roles, int(state["step"]), state
+
+
+def stop_roles(roles: Any) -> None:
+    """Kill every role's actor and give their placement groups back."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.runtime.placement import release  # noqa: PLC0415
+
+    for _name, actor in named_roles(roles):
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(actor)
+    release(roles.reservations)
+    roles.reservations = []
 
 
 #: Forming the publication group and each broadcast wait at most this long.

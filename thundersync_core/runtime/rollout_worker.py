@@ -32,6 +32,7 @@ from thundersync_core.streaming.base import LearnerRefusal
 
 if TYPE_CHECKING:
     from thundersync_core.rollout.weight_sync import GroupAddress, Layout
+    from thundersync_core.runtime.placement import Reservation
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class RolloutWorker:
         seed: int = 0,
         policy_version: int = 0,
         resources: RolloutResources | None = None,
+        placement: Reservation | None = None,
     ) -> None:
         pin_to_cores(cores)
         check_cores(config.grader_cores, "rollout.grader_cores")
@@ -79,6 +81,7 @@ class RolloutWorker:
                 cores=res.cores,
                 max_model_len=config.max_model_len,
                 policy_version=policy_version,
+                placement=placement,
             )
         else:
             self.engine = make_engine(

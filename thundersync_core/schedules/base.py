@@ -26,6 +26,8 @@ class Roles:
     rollout: Any  # RolloutWorker actor handle
     learner: Any  # LearnerWorker actor handle
     teacher: Any | None = None  # TeacherWorker actor handle (OPD)
+    #: The roles' placement groups (``runtime/placement.py``), given back with the roles.
+    reservations: list[Any] = field(default_factory=list)
 
 
 @dataclass
