@@ -32,6 +32,10 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         "--order", default="arrival", choices=["arrival", "fixed"],
         help="GRPO stream: sums in arrival order, or in trajectory-id order (bitwise sync's)",
     )  # fmt: skip
+    p.add_argument(
+        "--release", default="trajectory", choices=["trajectory", "group"],
+        help="GRPO stream: a backward as each reward lands, or once its group's are all in",
+    )  # fmt: skip
     p.add_argument("--out", required=True, type=Path)
 
 
@@ -73,6 +77,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         max_open_groups=args.max_open_groups,
         pack_tokens=args.pack_tokens,
         order=args.order,
+        release=args.release,
     )
     print(json.dumps(summary))
     return 0

@@ -209,6 +209,12 @@ class TrainConfig(_Strict):
     #: thundersync on one rank (``packs``); ignored elsewhere. With learner_order fixed a
     #: group runs once its last trajectory lands, in trajectory-id order, as packs.
     learner_pack_tokens: int = Field(default=0, ge=0)
+    #: When the per-source GRPO learner runs a trajectory's backward: ``trajectory`` as its
+    #: reward lands (each open group holds two gradient-sized statistics, at most
+    #: ``max_open_groups`` of them); ``group`` once its group's rewards are all in, with its
+    #: final advantage, straight into the batch gradient (no per-group statistics: less
+    #: memory, less overlap). Both give the same update.
+    grpo_release: Literal["trajectory", "group"] = "trajectory"
     #: Roles (rollout with its engine, learner, teacher) restarted from the latest
     #: checkpoint when one dies mid-run, before the run stops naming the fault.
     max_role_restarts: int = Field(default=2, ge=0)

@@ -63,12 +63,15 @@ def replay(
     max_open_groups: int = 4,
     pack_tokens: int = 0,
     order: str = "arrival",
+    release: str = "trajectory",
 ) -> dict[str, object]:
     """Replay ``batch_path``; nothing is written unless the whole batch is valid.
 
     With ``pack_tokens`` (GRPO, stream) the shuffled batch arrives in chunks of seeded
     random sizes, each handed over at once and run as packs (``submit_many``); ``order``
-    is the streaming learner's summation order (``fixed``: bitwise the sync update)."""
+    is the streaming learner's summation order (``fixed``: bitwise the sync update);
+    ``release`` when a trajectory's backward runs (``group``: once its group's rewards are
+    all known, with no per-group statistics)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"--objective {objective!r}: choose one of {sorted(OBJECTIVES)}")
     if schedule not in ("sync", "stream"):
@@ -77,6 +80,8 @@ def replay(
         raise ValueError(f"--dtype {dtype!r}: choose one of {sorted(DTYPES)}")
     if order not in ("arrival", "fixed"):
         raise ValueError(f"--order {order!r}: choose arrival or fixed")
+    if release not in ("trajectory", "group"):
+        raise ValueError(f"--release {release!r}: choose trajectory or group")
     trajectories = read_batch(batch_path)
     teacher_turns: dict[str, list[tuple[float, ...]]] = {}
     top_k = 0
@@ -98,6 +103,7 @@ def replay(
             rng=rng,
             pack_tokens=pack_tokens,
             order=order,
+            release=release,
         )
     else:
         learner = _feed_opd(model, trajectories, teacher_turns, schedule, rng, top_k=top_k)
@@ -113,7 +119,11 @@ def replay(
         **({"teacher_top_k": top_k} if objective == "opd" else {}),
         "dtype": dtype,
         "seed": seed,
-        **({"order": order} if objective == "grpo" and schedule == "stream" else {}),
+        **(
+            {"order": order, "release": release}
+            if objective == "grpo" and schedule == "stream"
+            else {}
+        ),
         "n_sources": result.n_sources,
         "n_groups": result.n_groups,
         "n_trajectories": len(trajectories),
@@ -137,6 +147,7 @@ def _feed_grpo(
     rng: random.Random,
     pack_tokens: int = 0,
     order: str = "arrival",
+    release: str = "trajectory",
 ) -> LearnerBase:
     version = min(t.policy_version for t in trajectories)
     learner: StreamingGRPOLearner | SyncGRPOLearner
@@ -147,6 +158,7 @@ def _feed_grpo(
             max_open_groups=max_open_groups,
             policy_version=version,
             order=order,  # type: ignore[arg-type]
+            release=release,  # type: ignore[arg-type]
         )
         trajectories = rng.sample(trajectories, len(trajectories))
     else:

@@ -43,15 +43,16 @@ def batch_file(tmp_path_factory):
 def test_replay_sync_and_stream_agree_in_fp64(micro_model_dir, batch_file, tmp_path, loss_agg):
     path, batch = batch_file
     outs = {}
-    for schedule, seed, pack, order in [("sync", 0, 0, "arrival"), ("stream", 1, 0, "arrival"),
-                                        ("stream", 2, 0, "arrival"), ("stream", 3, 4096, "arrival"),
-                                        ("stream", 4, 64, "fixed")]:  # fmt: skip
+    runs = [("sync", 0, 0, "arrival", "trajectory"), ("stream", 1, 0, "arrival", "trajectory"),
+            ("stream", 2, 0, "arrival", "group"), ("stream", 3, 4096, "arrival", "trajectory"),
+            ("stream", 4, 64, "fixed", "trajectory")]  # fmt: skip
+    for schedule, seed, pack, order, release in runs:
         out = tmp_path / f"{schedule}-{seed}"
         done = thundersync(
             "replay", "--model", str(micro_model_dir), "--batch", str(path),
             "--objective", "grpo", "--schedule", schedule, "--loss-agg", loss_agg,
             "--dtype", "float64", "--seed", str(seed), "--pack-tokens", str(pack),
-            "--order", order, "--out", str(out),
+            "--order", order, "--release", release, "--out", str(out),
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         summary = json.loads((out / "summary.json").read_text())
@@ -62,6 +63,10 @@ def test_replay_sync_and_stream_agree_in_fp64(micro_model_dir, batch_file, tmp_p
     sync = outs[("sync", 0)] / "gradient.safetensors"
     for key in [("stream", 1), ("stream", 2), ("stream", 3), ("stream", 4)]:
         assert compare_gradients(sync, outs[key] / "gradient.safetensors") <= 1e-10
+    # Released per closed group: no per-trajectory backward ran before its group was whole.
+    grouped = json.loads((outs[("stream", 2)] / "summary.json").read_text())
+    assert grouped["release"] == "group"
+    assert grouped["counters"]["peak_open_groups"] == 1
     packed = json.loads((outs[("stream", 3)] / "summary.json").read_text())["counters"]
     assert packed["packed_trajectories"] > 0  # the packed path ran
     fixed = json.loads((outs[("stream", 4)] / "summary.json").read_text())

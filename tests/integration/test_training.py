@@ -42,14 +42,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_sync_and_thundersync_agree_on_the_first_step(tmp_path, tiny_prep_dir, solver_policy_dir):
     runs = {}
-    for schedule in ("sync", "thundersync", "thundersync-fixed"):
-        order = "fixed" if schedule.endswith("-fixed") else "arrival"
-        cfg = load_config(
-            train_config_file(tmp_path, tiny_prep_dir, solver_policy_dir),
-            {"schedule": schedule.removesuffix("-fixed"), "learner_order": order},
-        )
-        train(cfg, tmp_path / schedule)
-        runs[schedule] = tmp_path / schedule
+    variants = {
+        "sync": {"schedule": "sync"},
+        "thundersync": {"schedule": "thundersync"},
+        "thundersync-fixed": {"schedule": "thundersync", "learner_order": "fixed"},
+        # Backwards once a group's rewards are all in, with no per-group statistics.
+        "thundersync-group": {"schedule": "thundersync", "grpo_release": "group"},
+    }
+    for name, overrides in variants.items():
+        cfg = load_config(train_config_file(tmp_path, tiny_prep_dir, solver_policy_dir), overrides)
+        train(cfg, tmp_path / name)
+        runs[name] = tmp_path / name
     sync_batch = read_batch(runs["sync"] / "batches" / "step-000000.jsonl")
     stream_batch = read_batch(runs["thundersync"] / "batches" / "step-000000.jsonl")
     key = lambda t: t.trajectory_id  # noqa: E731
@@ -71,10 +74,13 @@ def test_sync_and_thundersync_agree_on_the_first_step(tmp_path, tiny_prep_dir, s
     assert float(norm) > 0
     assert float(diff / norm) < 1e-3
     metrics = {s: json.loads((runs[s] / "metrics.jsonl").read_text().splitlines()[0]) for s in runs}
-    assert metrics["sync"]["loss"] == pytest.approx(metrics["thundersync"]["loss"], rel=1e-4)
-    assert metrics["sync"]["grad_norm"] == pytest.approx(
-        metrics["thundersync"]["grad_norm"], rel=1e-4
-    )
+    for name in ("thundersync", "thundersync-group"):
+        assert metrics["sync"]["loss"] == pytest.approx(metrics[name]["loss"], rel=1e-4)
+        assert metrics["sync"]["grad_norm"] == pytest.approx(metrics[name]["grad_norm"], rel=1e-4)
+    # Released per group: trajectories ran as one-row packs with their final advantages
+    # (one backward each, none where a group's rewards are uniform).
+    assert 0 < metrics["thundersync-group"]["pack_backwards"] <= 8
+    assert metrics["thundersync"]["pack_backwards"] == 0
     for record in metrics.values():  # every second of the step is named once
         parts = [record[f"wall_{part}_s"] for part in STEP_PARTS]
         assert min(parts) >= 0.0

@@ -133,3 +133,55 @@ def test_fixed_order_holds_gradients_until_close_and_barrier(micro64, batch):
     result = learner.finish()
     _, ref_grads = reference_grad_j(micro64, batch)
     assert rel_diff(ref_grads, result.grad_objective) <= 1e-10
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("loss_agg", ["seq-sum", "token-mean"])
+@pytest.mark.parametrize("pack_tokens", [0, 48, 4096])
+def test_release_per_closed_group_is_exact_and_holds_no_statistics(
+    micro64, micro32, batch, references, dtype, loss_agg, pack_tokens
+):
+    """release="group": each trajectory waits for its group's last reward and then runs
+    with its final advantage straight into the batch gradient. Same update as the plain
+    reference, in any arrival order and chunking, and no group ever holds statistics."""
+    model = micro64 if dtype == torch.float64 else micro32
+    _, ref_grads = references[(dtype, loss_agg)]
+    for seed in range(3):
+        rng = random.Random(seed)
+        order = rng.sample(batch, len(batch))
+        learner = StreamingGRPOLearner(model, loss_agg=loss_agg, release="group")
+        learner.begin_batch(groups_of(batch))
+        while order:
+            size = rng.randint(1, 4) if pack_tokens else 1
+            chunk, order = order[:size], order[size:]
+            learner.submit_many(chunk, pack_tokens=pack_tokens)
+            assert learner.live_statistics_bytes() == 0
+        result = learner.finish()
+        assert rel_diff(ref_grads, result.grad_objective) <= TOLERANCE[dtype]
+        assert result.counters["groups_closed"] == 3
+        assert result.counters["prefix_replays"] == 3
+
+
+def test_release_per_closed_group_waits_for_the_last_reward(micro64, batch):
+    """A group's backwards start at its last reward (no overlap inside a group), where
+    release="trajectory" runs each at once and holds the group's two statistics."""
+    first = [t for t in batch if t.group_id == batch[0].group_id]
+    held = {}
+    for release in ("group", "trajectory"):
+        learner = StreamingGRPOLearner(micro64, release=release)
+        learner.begin_batch(groups_of(batch))
+        for traj in first[:-1]:
+            learner.submit(traj)
+        held[release] = (
+            learner.counters_so_far()["trajectory_backwards"]
+            + learner.counters_so_far()["pack_backwards"],
+            learner.live_statistics_bytes(),
+        )
+        learner.submit(first[-1])
+        assert learner.counters_so_far()["groups_closed"] == 1
+        assert learner.live_statistics_bytes() == 0
+    params = sum(p.numel() * p.element_size() for p in micro64.parameters())
+    assert held["group"] == (0, 0)
+    backwards, statistics = held["trajectory"]
+    assert backwards == len(first) - 1
+    assert statistics >= 2 * params  # x1 and x2 over the parameters (and prompt proxies)

@@ -60,6 +60,7 @@ def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> 
             max_lag=lag,
             is_clip=is_clip,
             order=config.learner_order,
+            release=config.grpo_release,
         )
     top_k = config.opd_teacher_top_k
     if batched:

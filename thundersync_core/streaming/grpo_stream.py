@@ -31,6 +31,15 @@ one at a time, so the members of a group that stays open run one at a time.
 The sufficient statistics, hence the update, are the per-trajectory path's (up to float
 rounding: a padded row is summed in another order).
 
+Release per closed group (``release="group"``): a trajectory's advantage is final once
+every reward of its group is known, so a trajectory can wait, as token ids, for its group's
+last reward and then run with that advantage (one backward of sum_i A_i S_i per pack, or
+per trajectory without packs) straight into the batch gradient. No group holds the two
+gradient-sized statistics: memory is the batch gradient alone (plus one transient
+gradient while a group runs), at the price of overlap, since no backward of a group starts
+before its last reward. ``release="trajectory"`` (the default) runs each backward as its
+reward lands.
+
 Packs with ``order="fixed"``: a group's trajectories wait, as token ids, until its last
 lands; the group then runs in trajectory-id order as packs (each knows its advantages: one
 backward each) and its contribution waits for the barrier, which adds them in group-id
@@ -89,11 +98,14 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         max_lag: int = 0,
         is_clip: float | None = None,
         order: Literal["arrival", "fixed"] = "arrival",
+        release: Literal["trajectory", "group"] = "trajectory",
     ) -> None:
         if max_open_groups < 1:
             raise ValueError(f"max_open_groups must be >= 1, got {max_open_groups}")
         if order not in ("arrival", "fixed"):
             raise ValueError(f"order must be 'arrival' or 'fixed', got {order!r}")
+        if release not in ("trajectory", "group"):
+            raise ValueError(f"release must be 'trajectory' or 'group', got {release!r}")
         super().__init__(
             model,
             loss_agg=loss_agg,
@@ -104,6 +116,7 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         )
         self.max_open_groups = max_open_groups
         self.order = order
+        self.release = release
 
     def _on_begin(self) -> None:
         self._open: dict[str, _OpenGroup] = {}
@@ -118,6 +131,9 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         self._stats |= {"pack_backwards": 0, "packed_trajectories": 0}
 
     def _on_submit(self, traj: Trajectory) -> None:
+        if self.release == "group":
+            self._run_whole_groups([traj], pack_tokens=0)
+            return
         if traj.group_id in self._open or len(self._open) < self.max_open_groups:
             self._process(traj)
             self._admit_held()
@@ -173,8 +189,11 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             for traj in trajs:
                 self.submit(traj)
             return
-        if self.order == "fixed":
-            self._submit_whole_groups(trajs, pack_tokens)
+        if self.order == "fixed" or self.release == "group":
+            for traj in trajs:
+                self._check_reward(traj)
+                self._accept_whole(traj)
+            self._run_whole_groups(trajs, pack_tokens)
             return
         by_group: dict[str, list[Trajectory]] = {}
         for traj in trajs:
@@ -190,15 +209,16 @@ class StreamingGRPOLearner(GRPOLearnerBase):
                 self._held.extend(members)
                 self._stats["sources_held"] += len(members)
 
-    def _submit_whole_groups(self, trajs: Sequence[Trajectory], pack_tokens: int) -> None:
-        """order="fixed" with packs: a group's trajectories wait, as token ids, until the
-        last lands; then the group runs in trajectory-id order as packs that all know their
-        advantages (one backward each), and its contribution waits for the barrier. Every
-        float sum is then taken in an order fixed by the ids, whatever the arrival: the
-        update is bitwise the one of the whole batch handed over at once (sync's)."""
+    def _run_whole_groups(self, trajs: Sequence[Trajectory], pack_tokens: int) -> None:
+        """Accepted trajectories whose backward waits for their group's last reward
+        (release="group", or order="fixed" with packs): a group's trajectories wait, as
+        token ids, until the last lands; then the group runs in trajectory-id order as
+        packs of at most ``pack_tokens`` padded tokens (0: one trajectory a pack) that all
+        know their advantages (one backward each). With order="fixed" its contribution
+        waits for the barrier, so every float sum is taken in an order fixed by the ids,
+        whatever the arrival: the update is bitwise the one of the whole batch handed over
+        at once (sync's); with order="arrival" it joins the batch gradient at once."""
         for traj in trajs:
-            self._check_reward(traj)
-            self._accept_whole(traj)
             self._waiting.setdefault(traj.group_id, []).append(traj)
         for group_id in sorted({traj.group_id for traj in trajs}):
             members = self._waiting[group_id]
