@@ -63,14 +63,10 @@ class BenchRig:
     reservations: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
-        import ray  # noqa: PLC0415
+        from thundersync_core.runtime.roles import stop_actors  # noqa: PLC0415
 
-        from thundersync_core.runtime.placement import release  # noqa: PLC0415
-
-        for actor in [self.rollout, self.teacher, *self.learners.values()]:
-            if actor is not None:
-                ray.kill(actor)
-        release(self.reservations.values())
+        actors = [self.rollout, self.teacher, *self.learners.values()]
+        stop_actors(actors, self.reservations.values())
         self.reservations = {}
         for folder in self.publish_dirs:
             shutil.rmtree(folder, ignore_errors=True)

@@ -28,6 +28,7 @@ __all__ = [
     "start_roles",
     "start_rollout",
     "start_teacher",
+    "stop_actors",
     "stop_roles",
 ]
 
@@ -190,15 +191,21 @@ def start_roles(
 
 def stop_roles(roles: Any) -> None:
     """Kill every role's actor and give their placement groups back."""
+    stop_actors([actor for _name, actor in named_roles(roles)], roles.reservations)
+    roles.reservations = []
+
+
+def stop_actors(actors: Any, reservations: Any) -> None:
+    """Kill ``actors`` (None and dead ones skipped), then release ``reservations``."""
     import ray  # noqa: PLC0415
 
     from thundersync_core.runtime.placement import release  # noqa: PLC0415
 
-    for _name, actor in named_roles(roles):
-        with contextlib.suppress(Exception):  # already dead
-            ray.kill(actor)
-    release(roles.reservations)
-    roles.reservations = []
+    for actor in actors:
+        if actor is not None:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(actor)
+    release(reservations)
 
 
 #: Forming the publication group and each broadcast wait at most this long.
