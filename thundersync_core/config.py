@@ -236,12 +236,10 @@ class TrainConfig(_Strict):
     def _lengths_fit(self) -> TrainConfig:
         if self.rollout.max_tokens_per_turn > self.rollout.max_total_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_total_tokens")
-        if self.rollout.publication == "collective" and (
-            self.schedule == "pipeline" or self.resources.learner.ranks > 1
-        ):
+        if self.rollout.publication == "collective" and self.schedule == "pipeline":
             raise ValueError(
-                "rollout.publication: collective publishes between batches from a one-process "
-                "learner; the pipeline's in-flight updates and learner ranks > 1 use file"
+                "rollout.publication: collective publishes between batches; the pipeline's "
+                "in-flight updates use file"
             )
         if self.learner_order == "fixed" and self.objective != "grpo":
             raise ValueError(

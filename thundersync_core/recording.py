@@ -47,6 +47,8 @@ class StepRecorder:
         if self.config.resources.rollout.engines > 1:
             # Requests each engine has served so far (the spread over engines).
             record["engine_requests"] = ray.get(self.rollout.engine_requests.remote())
+            # The policy versions each engine sampled this step's turns with.
+            record["engine_versions"] = ray.get(self.rollout.engine_versions.remote())
         wall_s = self.wall_offset_s + (time.time() - self.started_s)
         record |= {"wall_s": wall_s, "device_hours": self.devices * wall_s / 3600.0}
         self._write(outcome, record)

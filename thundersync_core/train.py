@@ -7,7 +7,8 @@ A run folder holds::
     batches/step-N.jsonl   the trajectories each step trained on
     traces/step-N.json     the release trace (for ``thundersync perfmodel trace``)
     checkpoints/step-N/    every ``checkpoint_every`` steps (HF weights, optimizer, RNG)
-    roles.json             the process ids of the driver, each role and the engine core
+    roles.json             the process ids of the driver, each role and the engine core, and
+                           the Ray node of the rollout worker, each engine and learner rank
     summary.json           dev pass rate before and after, status, totals, recoveries
 
 Resume (``resume=True``) starts from the latest complete checkpoint: the learner restores
@@ -398,6 +399,10 @@ class _Crew:
         for name, actor in named_roles(self.roles):
             pids[name] = ray.get(actor.pid.remote())
         pids["engine"] = ray.get(self.roles.rollout.engine_pids.remote())
+        # Where they run: the Ray node of the rollout worker, each engine and each learner rank.
+        pids["nodes"] = ray.get(self.roles.rollout.node_ids.remote()) | {
+            "learner": ray.get(self.roles.learner.node_ids.remote())
+        }
         (self.out / "roles.json").write_text(json.dumps(pids, indent=2) + "\n")
 
 

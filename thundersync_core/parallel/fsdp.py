@@ -308,7 +308,10 @@ class ShardedState:
         return self.master
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Each master tensor gathered in turn (every rank iterates)."""
+        """The weights a publication carries: the float32 replica as it is (it equals the
+        master), or else each master tensor gathered in turn (every rank iterates)."""
+        if all(r.dtype == torch.float32 for _, r, _ in self.pairs):
+            return _named_detached(self.model)
         return self._gathered()
 
     def state_bytes(self) -> dict[str, int]:

@@ -111,6 +111,11 @@ class EngineActor:
     def receive_weights(self, version: int, verify: bool) -> list[dict[str, Any]]:
         return list(self.engine.receive_weights(version, verify=verify))  # type: ignore[attr-defined]
 
+    def node_id(self) -> str:
+        from thundersync_core.runtime.placement import node_id  # noqa: PLC0415
+
+        return node_id()
+
     def engine_pids(self) -> list[int]:
         """This actor's process and the engine's own (vLLM's engine core)."""
         pids = getattr(self.engine, "engine_pids", None)
@@ -135,6 +140,8 @@ class EnginePool:
         self.affinity: dict[str, int] = {}
         #: Requests each engine served (the step record's spread over engines).
         self.served = [0] * len(self.engines)
+        #: Policy versions each engine sampled with since ``take_versions`` last asked.
+        self.versions: list[set[int]] = [set() for _ in self.engines]
         self._version = policy_version
         self._call(lambda a: a.set_version.remote(policy_version), "set its version")
         #: Each engine's processes as started (what ``dead_engine_processes`` reports).
@@ -186,9 +193,16 @@ class EnginePool:
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
                 raise EngineFailed(f"engine {engine} failed to generate: {exc}") from exc
             self.served[engine] += len(served)
+            self.versions[engine].update(r.policy_version for r in served)
             for position, result in zip(shares[engine], served, strict=True):
                 results[position] = result
         return [r for r in results if r is not None]
+
+    def take_versions(self) -> list[list[int]]:
+        """The versions each engine sampled with since the last call (then forgotten)."""
+        taken = [sorted(v) for v in self.versions]
+        self.versions = [set() for _ in self.engines]
+        return taken
 
     def load_weights(self, path: Path, version: int) -> None:
         """Every engine loads ``path``; the pool reports ``version`` only after all have."""
@@ -224,6 +238,10 @@ class EnginePool:
         )
         self._version = version
         return [dict(r, engine=i) for i, engine in enumerate(reports) for r in engine]
+
+    def node_ids(self) -> list[str]:
+        """Each engine's Ray node, by engine."""
+        return [str(n) for n in self._call(lambda a: a.node_id.remote(), "answer")]
 
     def engine_pids(self) -> list[int]:
         """Every engine actor's process and the engine processes under it."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,9 @@ from thundersync_core.policy.io import load_model, load_tokenizer
 from thundersync_core.runtime.learner_worker import LearnerWorker, build_learner, learner_device
 from thundersync_core.runtime.placement import Reservation, in_bundle, pin_to_cores
 from thundersync_core.streaming.base import LearnerRefusal
+
+if TYPE_CHECKING:
+    from thundersync_core.rollout.weight_sync import GroupAddress
 
 #: A barrier waits for the slowest rank's queued sources; generous, but finite.
 COLLECTIVE_TIMEOUT_S = 1800.0
@@ -145,6 +148,28 @@ class LearnerRank(LearnerWorker):
     def state_bytes(self) -> dict[str, int]:
         return self.state.state_bytes() | {"accumulators": self.learner.accumulator_bytes()}
 
+    # -- collective publication: rank 0 sends, every rank takes part in the gathers --------
+    def join_weight_group(self, address: GroupAddress, *, dtype: str, bucket_bytes: int) -> int:
+        """Rank 0 joins the publication group; the others only walk the weights with it
+        (a sharded master is gathered one tensor at a time, a collective of every rank)."""
+        if self.rank == 0:
+            return super().join_weight_group(address, dtype=dtype, bucket_bytes=bucket_bytes)
+        self.weight_layout()
+        return self.rank
+
+    def send_weights(self, verify: bool = False) -> dict[str, Any]:
+        if self.rank == 0:
+            return super().send_weights(verify)
+        if self.learner.in_batch:
+            raise LearnerRefusal(
+                f"rank {self.rank}: refusing to publish weights version "
+                f"{self.learner.policy_version}: a batch is in progress"
+            )
+        for _ in range(2 if verify else 1):  # rank 0 walks twice to checksum
+            for _ in self.state.named_weights():
+                pass
+        return {}
+
 
 class LearnerGroup:
     """The learner role's facade over W ``LearnerRank`` actors (same calls as LearnerWorker)."""
@@ -199,6 +224,10 @@ class LearnerGroup:
         import ray  # noqa: PLC0415
 
         return int(ray.get(self.ranks[0].version.remote()))
+
+    def node_ids(self) -> list[str]:
+        """Each rank's Ray node, by rank."""
+        return [n for ids in _get_all([r.node_ids.remote() for r in self.ranks]) for n in ids]
 
     def begin(self, groups: dict[str, tuple[tuple[int, ...], int]]) -> int:
         self.assigner.reset()
@@ -256,6 +285,30 @@ class LearnerGroup:
     def weights_and_version(self) -> tuple[str, int]:
         path, version = _get_all([r.weights_and_version.remote() for r in self.ranks])[0]
         return str(path), int(version)
+
+    # -- collective publication: rank 0 is the learner's member of the group ---------------
+    def node_ip(self) -> str:
+        import ray  # noqa: PLC0415
+
+        return str(ray.get(self.ranks[0].node_ip.remote()))
+
+    def free_port(self, address: str) -> int:
+        import ray  # noqa: PLC0415
+
+        return int(ray.get(self.ranks[0].free_port.remote(address)))
+
+    def weight_layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        return list(_get_all([r.weight_layout.remote() for r in self.ranks])[0])
+
+    def join_weight_group(self, address: GroupAddress, *, dtype: str, bucket_bytes: int) -> int:
+        calls = [
+            r.join_weight_group.remote(address, dtype=dtype, bucket_bytes=bucket_bytes)
+            for r in self.ranks
+        ]
+        return int(_get_all(calls)[0])
+
+    def send_weights(self, verify: bool = False) -> dict[str, Any]:
+        return dict(_get_all([r.send_weights.remote(verify) for r in self.ranks])[0])
 
     def save_checkpoint(self, root: str, step: int, extra: dict[str, Any]) -> str:
         return str(_get_all([r.save_checkpoint.remote(root, step, extra) for r in self.ranks])[0])

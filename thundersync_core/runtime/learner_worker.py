@@ -157,6 +157,12 @@ class LearnerWorker:
 
         return str(ray.util.get_node_ip_address())
 
+    def node_ids(self) -> list[str]:
+        """The Ray node of each of the role's processes (one here; a rank each in a group)."""
+        from thundersync_core.runtime.placement import node_id  # noqa: PLC0415
+
+        return [node_id()]
+
     def free_port(self, address: str) -> int:
         with socket.socket() as sock:
             sock.bind((address, 0))

@@ -26,6 +26,13 @@ from thundersync_core.config import (
 )
 
 
+def node_id() -> str:
+    """The Ray node this process runs on (inside an actor or the driver)."""
+    import ray  # noqa: PLC0415
+
+    return str(ray.get_runtime_context().get_node_id())
+
+
 def start_ray(resources: ResourcesConfig) -> None:
     """Start (or join) Ray with enough CPUs and GPUs for the configured roles.
 

@@ -200,6 +200,14 @@ class RolloutWorker:
         """This role's process id (roles.json in the run folder lists them)."""
         return os.getpid()
 
+    def node_ids(self) -> dict[str, Any]:
+        """The Ray node of this worker (agent, sandboxes, graders) and of each engine."""
+        from thundersync_core.runtime.placement import node_id  # noqa: PLC0415
+
+        here = node_id()
+        engines = getattr(self.engine, "node_ids", None)
+        return {"worker": here, "engines": list(engines()) if callable(engines) else [here]}
+
     def engine_pids(self) -> list[int]:
         """Processes of the engine apart from this one (vLLM's engine core; none for hf)."""
         pids = getattr(self.engine, "engine_pids", None)
@@ -263,6 +271,12 @@ class RolloutWorker:
     def engine_requests(self) -> list[int]:
         """Generation requests each engine has served (several engines; empty for one)."""
         return list(getattr(self.engine, "served", []))
+
+    def engine_versions(self) -> list[list[int]]:
+        """The policy versions each engine sampled with since the last call (several
+        engines; empty for one)."""
+        take = getattr(self.engine, "take_versions", None)
+        return take() if callable(take) else []
 
     def memory_bytes(self) -> int:
         from thundersync_core.metrics import peak_rss_bytes  # noqa: PLC0415
