@@ -165,6 +165,7 @@ def checkpoint_case(out: Path) -> dict:
         policy_version=1,
         sharding="fsdp2",
         model_config=model.config,
+        export_dtype=torch.bfloat16,  # the export; the master is in the DCP state
     )
     at_checkpoint = full_params(state.model)
     optimizer_at_checkpoint = optimizer_state(state)

@@ -1,7 +1,8 @@
 """Checkpoints on a cadence, and exact resume.
 
 A checkpoint is a folder ``step-NNNNNN`` holding everything that decides the next update:
-the weights in Hugging Face format (so evaluation and engines load them like any model),
+the weights in Hugging Face format (so evaluation and engines load them like any model;
+in float32, or in bfloat16 with the float32 master beside them in ``master.safetensors``),
 the optimizer state, the random-number states (Python, NumPy, torch) and a ``state.json``
 with the step and policy version. It is written to a temporary sibling and renamed, so a
 crash never leaves a half-written checkpoint that ``latest_checkpoint`` would pick up; a
@@ -23,6 +24,8 @@ import torch
 from transformers import PreTrainedModel
 
 STATE_FILE = "state.json"
+#: The float32 master of a checkpoint whose ``model/`` holds a lower-precision export.
+MASTER_FILE = "master.safetensors"
 
 
 class CheckpointWriteError(OSError):
@@ -41,8 +44,10 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     policy_version: int,
     extra: dict[str, Any] | None = None,
+    export_dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """Write the checkpoint of ``step`` under ``root``; refuses to overwrite one."""
+    """Write the checkpoint of ``step`` under ``root``; refuses to overwrite one.
+    ``export_dtype`` is the dtype of ``model/``."""
     target = checkpoint_dir(root, step)
     if target.exists():
         raise FileExistsError(f"checkpoint {target} exists; a step is saved once")
@@ -57,6 +62,7 @@ def save_checkpoint(
             optimizer=optimizer,
             version=policy_version,
             extra=extra,
+            export_dtype=export_dtype,
         )
     except BaseException as exc:
         # A full disk, say: what was written of this one goes, the earlier ones stay.
@@ -79,8 +85,22 @@ def _write_checkpoint(
     optimizer: torch.optim.Optimizer,
     version: int,
     extra: dict[str, Any] | None,
+    export_dtype: torch.dtype,
 ) -> None:
-    model.save_pretrained(staging / "model", safe_serialization=True)
+    if all(p.dtype == export_dtype for p in model.parameters()):
+        model.save_pretrained(staging / "model", safe_serialization=True)
+    else:
+        from thundersync_core.parallel.fsdp import write_safetensors_streamed  # noqa: PLC0415
+
+        write_safetensors_streamed(staging / MASTER_FILE, _named(model))
+        (staging / "model").mkdir()
+        write_safetensors_streamed(
+            staging / "model" / "model.safetensors",
+            ((name, t.to(export_dtype)) for name, t in _named(model)),
+        )
+        save_model_config(model.config, staging / "model", export_dtype)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(staging / "model")
     torch.save(optimizer.state_dict(), staging / "optimizer.pt")
     rng = {
         "python": random.getstate(),
@@ -88,8 +108,28 @@ def _write_checkpoint(
         "torch": torch.get_rng_state(),
     }
     torch.save(rng, staging / "rng.pt")
-    state = {"step": step, "policy_version": version, "extra": extra or {}}
+    state = {
+        "step": step,
+        "policy_version": version,
+        "export_dtype": str(export_dtype).removeprefix("torch."),
+        "extra": extra or {},
+    }
     (staging / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def _named(model: torch.nn.Module) -> Any:
+    for name, p in model.named_parameters():
+        yield name, p.detach()
+
+
+def save_model_config(config: Any, folder: Path, dtype: torch.dtype) -> None:
+    """A Hugging Face config.json that names ``dtype`` as the weights' dtype."""
+    config.save_pretrained(folder)
+    path = Path(folder) / "config.json"
+    record = json.loads(path.read_text())
+    name = str(dtype).removeprefix("torch.")
+    record["torch_dtype" if "torch_dtype" in record and "dtype" not in record else "dtype"] = name
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def load_checkpoint(
@@ -103,7 +143,8 @@ def load_checkpoint(
     from safetensors.torch import load_file  # noqa: PLC0415 - only on resume
 
     weights: dict[str, torch.Tensor] = {}
-    for shard in sorted((path / "model").glob("*.safetensors")):
+    master = path / MASTER_FILE  # the float32 master beside a lower-precision export
+    for shard in [master] if master.is_file() else sorted((path / "model").glob("*.safetensors")):
         weights.update(load_file(str(shard)))
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(weights))
@@ -111,6 +152,11 @@ def load_checkpoint(
         raise KeyError(f"checkpoint {path}: no weights for {missing[:3]}")
     with torch.no_grad():
         for name, param in params.items():
+            if weights[name].dtype != param.dtype:
+                raise ValueError(
+                    f"checkpoint {path}: {name!r} is {weights[name].dtype}, the learner's "
+                    f"parameter {param.dtype} (its float32 master is missing)"
+                )
             param.copy_(weights[name])
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     rng = torch.load(path / "rng.pt", weights_only=False)

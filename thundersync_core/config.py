@@ -194,6 +194,11 @@ class TrainConfig(_Strict):
     #: and state.json for evaluation (``eval cadence``); their optimizer and RNG states go.
     #: 0: none are kept past the last ``checkpoint_keep_last``.
     checkpoint_keep_every: int = Field(default=0, ge=0)
+    #: The dtype of a checkpoint's Hugging Face weights (``model/``: what evaluation and
+    #: the engines load). ``bfloat16`` halves them; the float32 master then travels beside
+    #: them (``master.safetensors``, or the group checkpoint's DCP state), so a resume is
+    #: still exact, and the resumed engines are given the master before the first step.
+    checkpoint_export_dtype: Literal["float32", "bfloat16"] = "float32"
     #: Sync's learner: the same per-source executor as thundersync (the default, so the
     #: two differ only in schedule) or the padded whole-batch learner.
     sync_learner: Literal["per-source", "batched"] = "per-source"

@@ -20,11 +20,13 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 
 from tests import dp_workers
 from tests.helpers import reference_grad_j, reference_grad_l, rel_diff
 from thundersync_core.parallel.dcp import load_group_checkpoint
 from thundersync_core.policy import build_model
+from thundersync_core.policy.io import checkpoint_dtype
 from thundersync_core.streaming import SyncGRPOLearner, SyncOPDLearner, groups_of
 
 pytestmark = pytest.mark.integration
@@ -186,9 +188,16 @@ def test_checkpoint_resumes_on_one_process(ranks):
         out / "checkpoints" / "step-000001", module=model, optimizer=optimizer
     )
     assert record["policy_version"] == 1
+    assert record["export_dtype"] == "bfloat16"
+    # The Hugging Face export (written by rank 0, one gathered tensor at a time) is the
+    # master in bfloat16 and says so; the master itself came from the DCP state.
+    folder = out / "checkpoints" / "step-000001" / "model"
+    assert checkpoint_dtype(folder) == torch.bfloat16
+    exported = load_file(str(folder / "model.safetensors"))
     loaded = dp_workers.full_params(model)
     for name, param in model.named_parameters():
         assert torch.equal(loaded[name], expected["at_checkpoint"][name]), name
+        assert torch.equal(exported[name], loaded[name].to(torch.bfloat16)), name
         for key, value in expected["optimizer_at_checkpoint"][name].items():
             assert torch.equal(optimizer.state[param][key], value), (name, key)
     second = dp_workers.grpo_batch(22)

@@ -200,9 +200,11 @@ def _run_and_kill(config: Path, out: Path) -> int:
     return proc.pid
 
 
-@pytest.mark.parametrize("schedule", ["sync", "thundersync"])
+# thundersync exports its checkpoints in bfloat16: the resume takes the float32 master
+# beside the export, and the engines get it before the first step.
+@pytest.mark.parametrize(("schedule", "export"), [("sync", "float32"), ("thundersync", "bfloat16")])
 def test_kill_and_resume_ends_with_the_uninterrupted_weights(
-    tmp_path, tiny_prep_dir, solver_policy_dir, uninterrupted_run, schedule
+    tmp_path, tiny_prep_dir, solver_policy_dir, uninterrupted_run, schedule, export
 ):
     config = train_config_file(
         tmp_path,
@@ -213,6 +215,7 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
         learner_order="fixed",
         checkpoint_keep_last=1,  # the resume must still find the latest whole
         checkpoint_keep_every=2,
+        checkpoint_export_dtype=export,
     )
     killed_pid = _run_and_kill(config, tmp_path / "killed")
     assert not (tmp_path / "killed" / "checkpoints" / "step-000003").exists()
@@ -222,10 +225,15 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
     # The resumed run removed the dead run's publication folder, and its own at the end.
     assert publications_of(killed_pid) == publications_of(os.getpid()) == []
     # The session's uninterrupted sync run (3 steps, fixed order) is the reference.
+    last = tmp_path / "killed" / "checkpoints" / "step-000003"
     whole, resumed = (
         checkpoint_weights(uninterrupted_run, 3),
-        checkpoint_weights(tmp_path / "killed", 3),
+        load_file(str(last / "master.safetensors"))
+        if export == "bfloat16"
+        else checkpoint_weights(tmp_path / "killed", 3),
     )
+    exported = checkpoint_weights(tmp_path / "killed", 3)
+    assert {t.dtype for t in exported.values()} == {getattr(torch, export)}
     start = load_file(str(solver_policy_dir / "model.safetensors"))
     assert max_rel_diff(start, whole) > 1e-4, "training must have moved the weights"
     # Bitwise: the sums are taken in trajectory-id order whatever order rewards landed in.

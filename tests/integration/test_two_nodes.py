@@ -4,11 +4,13 @@
 ranks (gloo) are each spread over both nodes (``strict_spread``), and every step's weights
 reach both engines by collective publication, verified on each engine.
 
-The update must be the one-process learner's: the session's sync reference on one vLLM
-engine (file publication, one learner process) sampled the same tokens (seeded per
-request), so the losses and gradient norms agree to fp32 rounding and AdamW's first update
-agrees wherever the plain reference gradient is clear of zero (two ranks sum in another
-order). Each engine must have sampled step k with the version published after step k - 1.
+The engines sample what one engine does and the update is the one-process learner's: the
+session's sync reference on one vLLM engine (file publication, one learner process) sampled
+the same tokens (seeded per request; bitwise the same log-probs on the first step, whose
+weights are the same), so the losses and gradient norms agree to fp32 rounding and AdamW's
+first update agrees wherever the plain reference gradient is clear of zero (two ranks sum
+in another order). Each engine must have sampled step k with the version published after
+step k - 1. This is also the several-engines test: two engines train as one.
 """
 
 from __future__ import annotations
@@ -161,12 +163,25 @@ def test_thundersync_on_two_nodes_updates_as_one_process(
         assert two["reward_mean"] == one["reward_mean"], step
         assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7), step
         assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5), step
+        # Requests are seeded: the engines sample the tokens one engine does. On the first
+        # step the weights are the same, so the sampled log-probs are too (bitwise).
         name = f"step-{step:06d}.jsonl"
         batches = [
-            {t.trajectory_id: t.segments for t in read_batch(run / "batches" / name)}
+            {
+                t.trajectory_id: (t.segments, t.behaviour_logprobs if step == 0 else None)
+                for t in read_batch(run / "batches" / name)
+            }
             for run in (uninterrupted_vllm_run, out)
         ]
         assert batches[0] == batches[1], f"step {step}: the two-node run sampled other tokens"
+    # Each publication carried the whole model in the engines' dtype (float32 on CPU); the
+    # one-engine file run sent none.
+    n_params = sum(
+        t.numel() for t in load_file(str(solver_policy_dir / "model.safetensors")).values()
+    )
+    assert {r["publication_bytes"] for r in got} == {4 * n_params}
+    assert "publication_bytes" not in reference[0]
+    assert "engine_requests" not in reference[0]
 
     # AdamW's first update, lr * g / (|g| + eps), two ranks against one process. Two ranks
     # sum in another order, so an entry whose gradient is within rounding of zero may move

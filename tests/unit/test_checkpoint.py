@@ -153,3 +153,58 @@ def test_pruning_keeps_the_last_whole_and_the_evaluation_cadence_as_weights(tmp_
     # keep_last 0 keeps everything; pruning again changes nothing.
     assert prune_checkpoints(root, keep_last=0) == {"weights_only": [], "removed": []}
     assert prune_checkpoints(root, keep_last=2, keep_every=4) == {"weights_only": [], "removed": []}
+
+
+def test_a_bfloat16_export_keeps_the_float32_master_and_resumes_bitwise(tmp_path):
+    from safetensors import safe_open  # noqa: PLC0415
+
+    from thundersync_core.checkpoint import MASTER_FILE  # noqa: PLC0415
+    from thundersync_core.policy.io import checkpoint_dtype, load_model  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    random.seed(0)
+    model_a, opt_a, learner_a = fresh(1)
+    train(model_a, opt_a, learner_a, 3)
+
+    torch.manual_seed(0)
+    random.seed(0)
+    model_b, opt_b, learner_b = fresh(1)
+    train(model_b, opt_b, learner_b, 2)
+    path = save_checkpoint(
+        tmp_path,
+        step=2,
+        model=model_b,
+        optimizer=opt_b,
+        policy_version=learner_b.policy_version,
+        export_dtype=torch.bfloat16,
+    )
+    # The export: bfloat16 weights (half the bytes) that load as a Hugging Face model and
+    # say their dtype; the master beside it is the float32 parameters, bitwise.
+    with safe_open(str(path / "model" / "model.safetensors"), "pt") as export:
+        dtypes = {export.get_tensor(k).dtype for k in export.keys()}  # noqa: SIM118
+    assert dtypes == {torch.bfloat16}
+    assert checkpoint_dtype(path / "model") == torch.bfloat16
+    exported = dict(load_model(path / "model", dtype=torch.bfloat16).named_parameters())
+    for name, p in model_b.named_parameters():
+        assert torch.equal(exported[name], p.detach().to(torch.bfloat16)), name
+    assert (path / "model" / "model.safetensors").stat().st_size < 0.6 * (
+        path / MASTER_FILE
+    ).stat().st_size
+    assert '"export_dtype": "bfloat16"' in (path / "state.json").read_text()
+
+    torch.manual_seed(123)
+    random.seed(123)
+    model_c, opt_c, learner_c = fresh(2)
+    state = load_checkpoint(path, model=model_c, optimizer=opt_c)
+    learner_c.policy_version = state["policy_version"]
+    train(model_c, opt_c, learner_c, 1)
+    for (name, a), (_, c) in zip(
+        model_a.named_parameters(), model_c.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, c), name
+
+    # Without its master a bfloat16 export is refused for a resume, naming the parameter.
+    (path / MASTER_FILE).unlink()
+    model_d, opt_d, _ = fresh(3)
+    with pytest.raises(ValueError, match="float32 master is missing"):
+        load_checkpoint(path, model=model_d, optimizer=opt_d)

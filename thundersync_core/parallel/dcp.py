@@ -6,7 +6,7 @@ A checkpoint folder ``step-NNNNNN`` (the layout of ``checkpoint.py``) holds:
                  keyed by parameter name (``get_state_dict``), so a save at W ranks loads at
                  W' ranks (DCP reads each rank's slice) and into a plain one-process model
     model/       Hugging Face weights and config (rank 0, streamed per tensor) for evaluation
-                 and the rollout engines
+                 and the rollout engines, in ``export_dtype`` (the master is in dcp/)
     rng.pt       rank 0's random-number states (the streaming learners draw none; kept for
                  the schedules and data cursor, as in a one-process checkpoint)
     state.json   step, policy version, world size and sharding it was written with
@@ -31,7 +31,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from thundersync_core.checkpoint import STATE_FILE, checkpoint_dir, refuse_weights_only
+from thundersync_core.checkpoint import (
+    STATE_FILE,
+    checkpoint_dir,
+    refuse_weights_only,
+    save_model_config,
+)
 from thundersync_core.parallel.fsdp import TrainState
 
 DCP_DIR = "dcp"
@@ -59,6 +64,7 @@ def save_group_checkpoint(
     sharding: str,
     model_config: Any,
     extra: dict[str, Any] | None = None,
+    export_dtype: torch.dtype = torch.float32,
 ) -> Path:
     """Write the checkpoint of ``step`` (every rank calls); returns its folder."""
     target = checkpoint_dir(root, step)
@@ -71,9 +77,9 @@ def save_group_checkpoint(
     _barrier()
     model_sd, optim_sd = get_state_dict(state.checkpoint_module(), state.optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(staging / DCP_DIR))
-    state.write_weights(staging / "model" / "model.safetensors")
+    state.write_weights(staging / "model" / "model.safetensors", dtype=export_dtype)
     if _rank() == 0:
-        model_config.save_pretrained(staging / "model")
+        save_model_config(model_config, staging / "model", export_dtype)
         rng = {
             "python": random.getstate(),
             "numpy": np.random.get_state(),
@@ -86,6 +92,7 @@ def save_group_checkpoint(
             "policy_version": policy_version,
             "world_size": world,
             "sharding": sharding,
+            "export_dtype": str(export_dtype).removeprefix("torch."),
             "extra": extra or {},
         }
         (staging / STATE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

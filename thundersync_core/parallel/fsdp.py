@@ -72,7 +72,7 @@ class TrainState(Protocol):
         sign: float = 1.0,
     ) -> float: ...
     def apply(self) -> None: ...
-    def write_weights(self, path: Path) -> None: ...
+    def write_weights(self, path: Path, dtype: torch.dtype | None = None) -> None: ...
     def checkpoint_module(self) -> torch.nn.Module: ...
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
     def refresh_replica(self) -> None: ...
@@ -115,10 +115,11 @@ class _WholeMaster:
     def refresh_replica(self) -> None:
         """The model is the master: nothing to refresh."""
 
-    def write_weights(self, path: Path) -> None:
-        """The float32 master is what a checkpoint and an engine load."""
+    def write_weights(self, path: Path, dtype: torch.dtype | None = None) -> None:
+        """The float32 master is what a checkpoint and an engine load (cast to ``dtype``
+        for a checkpoint's export)."""
         if _rank() == 0:
-            write_safetensors_streamed(path, _named_detached(self.master))
+            write_safetensors_streamed(path, _cast(_named_detached(self.master), dtype))
 
     def checkpoint_module(self) -> torch.nn.Module:
         return self.master
@@ -289,13 +290,13 @@ class ShardedState:
                 assert isinstance(master_p, DTensor)
                 replica_p.copy_(master_p.full_tensor().to(replica_p.dtype))
 
-    def write_weights(self, path: Path) -> None:
+    def write_weights(self, path: Path, dtype: torch.dtype | None = None) -> None:
         same_dtype = all(r.dtype == torch.float32 for _, r, _ in self.pairs)
         if same_dtype:
             if _rank() == 0:
-                write_safetensors_streamed(path, _named_detached(self.model))
+                write_safetensors_streamed(path, _cast(_named_detached(self.model), dtype))
             return
-        write_safetensors_streamed(path, self._gathered(), write=_rank() == 0)
+        write_safetensors_streamed(path, _cast(self._gathered(), dtype), write=_rank() == 0)
 
     def _gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, _, master_p in self.pairs:
@@ -342,6 +343,13 @@ def build_train_state(
         mesh = init_device_mesh(device_type, (world,))
         return ShardedState(model, lr=lr, mesh=mesh, compute_dtype=compute_dtype if lower else None)
     raise ValueError(f"learner_sharding must be 'replicated' or 'fsdp2', got {sharding!r}")
+
+
+def _cast(
+    named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in named:
+        yield name, tensor if dtype is None else tensor.to(dtype)
 
 
 def _named_detached(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

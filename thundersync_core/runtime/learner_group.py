@@ -140,6 +140,7 @@ class LearnerRank(LearnerWorker):
             sharding=self.config.learner_sharding,
             model_config=self.model.config,
             extra=extra,
+            export_dtype=getattr(torch, self.config.checkpoint_export_dtype),
         )
         if self.rank == 0:
             self.tokenizer.save_pretrained(path / "model")  # type: ignore[attr-defined]

@@ -423,6 +423,7 @@ class LearnerWorker:
             optimizer=self.optimizer,
             policy_version=self.learner.policy_version,
             extra=extra,
+            export_dtype=getattr(torch, self.config.checkpoint_export_dtype),
         )
         self.tokenizer.save_pretrained(path / "model")  # type: ignore[attr-defined]
         return str(path)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "first_line",
+    "give_engines_the_master",
     "named_roles",
     "reserve_roles",
     "role_fault",
@@ -183,6 +184,8 @@ def start_roles(
         )
         if config.rollout.publication == "collective":
             join_publication_group(config, roles.learner, roles.rollout)
+        if checkpoint is not None and state.get("export_dtype", "float32") != "float32":
+            give_engines_the_master(config, roles.learner, roles.rollout)
     except BaseException:
         stop_roles(roles)
         raise
@@ -237,6 +240,27 @@ def join_publication_group(config: TrainConfig, learner: Any, rollout: Any) -> i
         ]
     )
     return address.world_size
+
+
+def give_engines_the_master(config: TrainConfig, learner: Any, rollout: Any) -> None:
+    """Load the learner's float32 weights into the engines, which started from a checkpoint's
+    lower-precision export (a resume): the first step then samples what an uninterrupted
+    run samples."""
+    import ray  # noqa: PLC0415
+
+    from thundersync_core.schedules.base import check_publication  # noqa: PLC0415
+
+    version = int(ray.get(learner.version.remote()))
+    if config.rollout.publication == "collective":
+        verify = config.rollout.verify_publication
+        sent, (_, reports) = ray.get(
+            [learner.send_weights.remote(verify), rollout.receive_weights.remote(version, verify)]
+        )
+        if verify:
+            check_publication(version, sent, reports)
+        return
+    path, version = ray.get(learner.weights_and_version.remote())
+    ray.get(rollout.load_weights.remote(path, version))
 
 
 def role_fault(exc: BaseException, roles: Any, engine_fault: str | None = None) -> str | None:
