@@ -1,28 +1,40 @@
-"""Per-rank memory of the distributed learner: replicated vs FSDP2 at W ranks (gloo, CPU).
+"""Per-GPU memory of the learner: the model's table for real shapes, checked on CPU.
 
-    .venv/bin/python benchmarks/learner_memory.py [--world 2] [--hidden 512 --layers 8]
+    .venv/bin/python benchmarks/learner_memory.py [--hf configs/hf/qwen3-8b.json ...]
+        [--gpu-gb 180] [--prefix-tokens 1024] [--skip-measure] [--out FILE.json]
 
-For each layout, W ranks are spawned (one process group per layout, so their resident sets
-do not mix) and take two GRPO steps on random trajectories. Each rank reports:
-
-- ``peak_rss_above_baseline_bytes``: peak resident set (ru_maxrss) minus its value after
-  imports and the process-group start, before the model exists;
-- tracked state at the second barrier (after clipping, before the optimizer step):
-  ``params`` (replica + master shard for fsdp2), ``grads`` (the reduced gradient: full in
-  replicated, this rank's shard in fsdp2), ``optimizer`` (AdamW moments held by the rank)
-  and ``accumulators`` (the streaming executor's float32 batch gradient: replicated in
-  both layouts; GRPO's open-group statistics come on top while groups are open).
+1. The table: ``thundersync_core.perfmodel.memory`` for each Hugging Face config (default
+   Qwen3-8B and Qwen3-32B) at W = 4, 8, 16 ranks, replicated and fsdp2, bfloat16 compute,
+   8192 tokens per backward, k = 1, 2, 4, 8 open groups with release="trajectory" and
+   release="group"; beside each, LoRA (r=16 on q,k,v,o,gate,up,down) and, for fsdp2, the
+   same layout with the accumulator and statistics sharded 1/W (a projection: not built).
+   A mark says which rows fit ``--gpu-gb``.
+2. The check: W gloo ranks (``mp.spawn``, one process group per world size) run small
+   learners on CPU case after case, two GRPO steps each (the first creates AdamW's state).
+   Per case and rank it compares the model with (a) the tracked tensor bytes the code
+   reports (``state_bytes()``, ``accumulator_bytes()``, the largest
+   ``live_statistics_bytes()`` seen) and (b) the peak resident set of the second step above
+   the case's baseline (the resident set before its model existed). glibc is told to map
+   every allocation above 64 KiB on its own (``MALLOC_MMAP_THRESHOLD_``), so a freed tensor
+   leaves the resident set at once and the peak is the tensors' rather than the heap's.
+   AdamW on CPU takes its per-tensor loop, so the model is asked with ``adamw_foreach=False``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import resource
+import os
+import random
 import socket
 import sys
 import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -30,45 +42,317 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.helpers import random_batch
-from thundersync_core.parallel.data_parallel import init_process_group, stream_rank_share
-from thundersync_core.parallel.fsdp import build_train_state
+from thundersync_core.batch import Segment, Trajectory
+from thundersync_core.parallel.data_parallel import ProcessGroupReducer, init_process_group
+from thundersync_core.parallel.fsdp import TrainState, build_train_state
+from thundersync_core.perfmodel.memory import (
+    GB,
+    LearnerLayout,
+    LoraSpec,
+    ModelShape,
+    memory_per_gpu,
+)
 from thundersync_core.policy import build_model
-from thundersync_core.streaming import StreamingGRPOLearner, groups_of
+from thundersync_core.policy.presets import preset_config
+from thundersync_core.streaming import GroupSpec, StreamingGRPOLearner
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_HF = (ROOT / "configs/hf/qwen3-8b.json", ROOT / "configs/hf/qwen3-32b.json")
+MIB = 1 << 20
+#: Every allocation above this is its own mapping, returned to the system when freed.
+MMAP_THRESHOLD_BYTES = 65536
 
 
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# -- 1. the model's table ---------------------------------------------------------------------
+def table_rows(
+    shape: ModelShape, *, gpu_bytes: int, tokens: int, prefix_tokens: int, group_size: int
+) -> list[dict[str, Any]]:
+    """One row per (W, sharding, release, k): full fine-tuning, LoRA and the projection."""
+    rows = []
+    for world in (4, 8, 16):
+        for sharding in ("replicated", "fsdp2"):
+            for release, k in [("trajectory", k) for k in (1, 2, 4, 8)] + [("group", 1)]:
+                layout = LearnerLayout(
+                    world_size=world,
+                    sharding=sharding,
+                    compute_dtype="bfloat16",
+                    open_groups=k,
+                    release=release,  # type: ignore[arg-type]
+                    tokens_per_backward=tokens,
+                    prefix_tokens=prefix_tokens,
+                    group_size=group_size,
+                )
+                full = memory_per_gpu(shape, layout)
+                lora = memory_per_gpu(shape, replace(layout, lora=LoraSpec(rank=16)))
+                row: dict[str, Any] = {
+                    "world_size": world,
+                    "sharding": sharding,
+                    "release": release,
+                    "open_groups": k if release == "trajectory" else None,
+                    "full_bytes": full.total_bytes,
+                    "full_peak_phase": full.peak_phase,
+                    "full_terms": full.terms,
+                    "lora_bytes": lora.total_bytes,
+                    "sharded_streaming_state_bytes": None,
+                }
+                if sharding == "fsdp2":
+                    projected = memory_per_gpu(shape, replace(layout, sharded_streaming_state=True))
+                    row["sharded_streaming_state_bytes"] = projected.total_bytes
+                row["fits"] = {
+                    key: row[key] is not None and row[key] <= gpu_bytes
+                    for key in ("full_bytes", "lora_bytes", "sharded_streaming_state_bytes")
+                }
+                rows.append(row)
+    return rows
 
 
-def _rank(rank: int, world: int, port: int, run: tuple[str, dict, str]) -> None:
-    sharding, model_args, out = run
-    torch.set_num_threads(1)
-    init_process_group(
-        "gloo", rank=rank, world_size=world, address="127.0.0.1", port=port, timeout_s=300
+def print_table(
+    name: str, shape: ModelShape, rows: list[dict[str, Any]], args: argparse.Namespace
+) -> None:
+    print(
+        f"\n{name}: {shape.parameter_count / 1e9:.2f} B parameters, bfloat16 compute, "
+        f"{args.tokens} tokens per backward, {args.prefix_tokens}-token prompts, groups of "
+        f"{args.group_size}.\nGB per GPU, * fits {args.gpu_gb:g} GB; projection: fsdp2 with "
+        "the accumulator and statistics 1/W (not built)"
     )
-    baseline = _peak_rss_bytes()
-    model = build_model("tiny", seed=0, **model_args)
-    state = build_train_state(model, sharding=sharding, lr=1e-4)  # type: ignore[arg-type]
-    n_params = sum(p.numel() for p in model.parameters())
-    tracked: dict[str, int] = {}
-    for step in range(2):
-        batch = random_batch(seed=step, vocab=model.config.vocab_size, n_groups=4, group_size=2)
-        learner = StreamingGRPOLearner(model, max_open_groups=2)
-        stream_rank_share(learner, batch, groups_of(batch), rank=rank, world_size=world)
-        learner.finish()
-        state.clip(1.0)
-        tracked = state.state_bytes() | {"accumulators": learner.accumulator_bytes()}
-        state.apply()
-    record = {
-        "rank": rank,
-        "sharding": sharding,
-        "parameters": n_params,
-        "peak_rss_above_baseline_bytes": _peak_rss_bytes() - baseline,
-        **{f"{k}_bytes": v for k, v in tracked.items()},
-    }
-    Path(out, f"{sharding}-rank{rank}.json").write_text(json.dumps(record))
-    dist.destroy_process_group()
+    print(
+        f"{'W':>3} {'sharding':<10} {'release':<10} {'k':>2} {'full FT':>9} {'peak in':<14}"
+        f" {'LoRA r16':>9} {'projection':>11}"
+    )
+    for r in rows:
+        cells = []
+        for key in ("full_bytes", "lora_bytes", "sharded_streaming_state_bytes"):
+            value = r[key]
+            cells.append(
+                "-" if value is None else f"{value / GB:.0f}{'*' if r['fits'][key] else ' '}"
+            )
+        k = "-" if r["open_groups"] is None else str(r["open_groups"])
+        print(
+            f"{r['world_size']:>3} {r['sharding']:<10} {r['release']:<10} {k:>2} {cells[0]:>9}"
+            f" {r['full_peak_phase']:<14} {cells[1]:>9} {cells[2]:>11}"
+        )
+
+
+def verdict(shape: ModelShape, args: argparse.Namespace) -> dict[str, Any]:
+    """Does full fine-tuning with 4 open groups per rank fit 8 GPUs: with today's layout
+    (fsdp2, streaming state whole on every rank), with release="group", and with the
+    streaming state sharded (projection); and up to how many tokens per backward."""
+    today = LearnerLayout(
+        world_size=8,
+        sharding="fsdp2",
+        compute_dtype="bfloat16",
+        open_groups=4,
+        release="trajectory",
+        tokens_per_backward=args.tokens,
+        prefix_tokens=args.prefix_tokens,
+        group_size=args.group_size,
+    )
+    gpu_bytes = int(args.gpu_gb * GB)
+    out = {}
+    for label, layout in (
+        ("today", today),
+        ("today_release_group", replace(today, release="group")),
+        ("sharded_streaming_state_projection", replace(today, sharded_streaming_state=True)),
+    ):
+        estimate = memory_per_gpu(shape, layout)
+        out[label] = {
+            "fits": estimate.total_bytes <= gpu_bytes,
+            "total_bytes": estimate.total_bytes,
+            "max_tokens_per_backward_that_fit": _max_tokens(shape, layout, gpu_bytes),
+            "explain": estimate.explain(gpu_bytes),
+        }
+    return out
+
+
+def _max_tokens(shape: ModelShape, layout: LearnerLayout, gpu_bytes: int) -> int:
+    """The most tokens per backward (a multiple of 256) that fit, 0 if none does."""
+    low, high = 0, 1 << 20
+    while high - low > 256:
+        mid = (low + high) // 512 * 256
+        size = memory_per_gpu(shape, replace(layout, tokens_per_backward=mid)).total_bytes
+        low, high = (mid, high) if size <= gpu_bytes else (low, mid)
+    return low
+
+
+def print_verdict(name: str, verdicts: dict[str, Any], gpu_gb: float) -> None:
+    print(f"\n{name} full fine-tuning, 4 open groups per rank, 8 x {gpu_gb:g} GB, fsdp2:")
+    for label, v in verdicts.items():
+        answer = "fits" if v["fits"] else "does NOT fit"
+        print(
+            f"  {label}: {answer} ({v['total_bytes'] / GB:.1f} GB; fits up to "
+            f"{v['max_tokens_per_backward_that_fit']} tokens per backward)\n    {v['explain']}"
+        )
+
+
+# -- 2. the CPU check -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    name: str
+    world_size: int
+    sharding: Literal["replicated", "fsdp2"]
+    compute_dtype: Literal["float32", "bfloat16"]
+    open_groups: int
+    release: Literal["trajectory", "group"]
+    hidden: int
+    layers: int
+    vocab: int
+    response_tokens: int
+    prompt_tokens: int = 33
+    group_size: int = 2
+
+    def model_args(self) -> dict[str, int]:
+        return {
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": 3 * self.hidden,
+            "num_attention_heads": self.hidden // 64,
+            "num_key_value_heads": 2,
+            "vocab_size": self.vocab,
+        }
+
+    def layout(self) -> LearnerLayout:
+        return LearnerLayout(
+            world_size=self.world_size,
+            sharding=self.sharding,
+            compute_dtype=self.compute_dtype,
+            open_groups=self.open_groups,
+            release=self.release,
+            # A row is the prompt's last token and the response.
+            tokens_per_backward=1 + self.response_tokens,
+            prefix_tokens=self.prompt_tokens - 1,
+            group_size=self.group_size,
+            adamw_foreach=False,
+        )
+
+
+CASES = (
+    Case("bf16 k1 1k tokens", 1, "replicated", "bfloat16", 1, "trajectory", 512, 4, 32768, 1023),
+    Case("fp32 k2", 1, "replicated", "float32", 2, "trajectory", 1024, 4, 16384, 128),
+    Case("fp32 group", 1, "replicated", "float32", 2, "group", 1024, 4, 16384, 128, group_size=3),
+    Case("bf16 k2 long", 1, "replicated", "bfloat16", 2, "trajectory", 512, 8, 16384, 512),
+    Case("bf16 group long", 1, "replicated", "bfloat16", 1, "group", 512, 8, 16384, 768),
+    Case("fsdp2 fp32 k2", 2, "fsdp2", "float32", 2, "trajectory", 1024, 4, 16384, 64),
+    Case("fsdp2 bf16 group", 2, "fsdp2", "bfloat16", 1, "group", 512, 8, 16384, 512, group_size=3),
+    Case("repl fp32 k1", 2, "replicated", "float32", 1, "trajectory", 512, 8, 16384, 256),
+)
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> None:
+    """Set the peak resident set (VmHWM) to the current one (Linux clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _batch(case: Case, step: int) -> list[Trajectory]:
+    """k groups per rank of ``group_size`` trajectories, every response token scored; the
+    first trajectory of every group arrives before any second, so k groups are open."""
+
+    rng = random.Random(step)
+    n_groups = case.open_groups * case.world_size
+    groups = []
+    for g in range(n_groups):
+        prompt = tuple(rng.randrange(case.vocab) for _ in range(case.prompt_tokens))
+        groups.append(
+            [
+                Trajectory(
+                    f"s{step}g{g}",
+                    f"s{step}g{g}t{i}",
+                    prompt,
+                    (
+                        Segment.action(
+                            [rng.randrange(case.vocab) for _ in range(case.response_tokens)]
+                        ),
+                    ),
+                    reward=float(i + g % 2),
+                    policy_version=step,
+                )
+                for i in range(case.group_size)
+            ]
+        )
+    return [group[i] for i in range(case.group_size) for group in groups]
+
+
+def _warm_batch(case: Case) -> list[Trajectory]:
+    """One short trajectory per rank: the first step, which creates AdamW's state."""
+
+    return [
+        Trajectory(f"w{r}", f"w{r}t0", (1, 2, 3), (Segment.action([4, 5, 6]),), reward=1.0)
+        for r in range(case.world_size)
+    ]
+
+
+def _step(
+    learner: StreamingGRPOLearner, state: TrainState, batch: list[Trajectory], rank: int, world: int
+) -> dict[str, int]:
+    """One step as the learner worker takes it: feed this rank's groups, barrier, clip,
+    apply; returns the tracked bytes (statistics at their largest, state after clip)."""
+
+    order = {gid: i for i, gid in enumerate(dict.fromkeys(t.group_id for t in batch))}
+    if world > 1:
+        learner.reducer = ProcessGroupReducer()
+    learner.begin_batch({})
+    statistics = 0
+    added: set[str] = set()
+    for traj in batch:
+        if order[traj.group_id] % world != rank:
+            continue
+        if traj.group_id not in added:
+            added.add(traj.group_id)
+            size = sum(t.group_id == traj.group_id for t in batch)
+            learner.add_groups({traj.group_id: GroupSpec(traj.prompt_ids, size)})
+        learner.submit(traj)
+        statistics = max(statistics, learner.live_statistics_bytes())
+    result = learner.finish()
+    accumulator = learner.accumulator_bytes()
+    state.clip(1.0, result.grad_objective, -1.0)
+    tracked = {"group_statistics": statistics, "accumulator": accumulator}
+    tracked |= state.state_bytes()
+    state.apply()
+    learner.policy_version += 1
+    return tracked
+
+
+def _measure(case: Case, rank: int) -> dict[str, Any]:
+    gc.collect()
+    baseline = _status_bytes("VmRSS")
+    model = build_model("tiny", seed=0, **case.model_args())  # type: ignore[arg-type]
+    dtype = torch.bfloat16 if case.compute_dtype == "bfloat16" else None
+    state = build_train_state(model, sharding=case.sharding, lr=1e-4, compute_dtype=dtype)
+    learner = StreamingGRPOLearner(
+        state.model,  # type: ignore[arg-type]
+        max_open_groups=case.open_groups,
+        release=case.release,
+    )
+    _step(learner, state, _warm_batch(case), rank, case.world_size)
+    gc.collect()
+    _reset_peak()
+    t0 = time.perf_counter()
+    tracked = _step(learner, state, _batch(case, 1), rank, case.world_size)
+    seconds = time.perf_counter() - t0
+    peak = _status_bytes("VmHWM") - baseline
+    del model, state, learner
+    gc.collect()
+    return {"rank": rank, "peak_rss_above_baseline_bytes": peak, "tracked": tracked, "s": seconds}
+
+
+def _rank(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    if world > 1:
+        init_process_group(
+            "gloo", rank=rank, world_size=world, address="127.0.0.1", port=port, timeout_s=300
+        )
+    records = [
+        {"case": case.name, **_measure(case, rank)} for case in CASES if case.world_size == world
+    ]
+    Path(out, f"w{world}-rank{rank}.json").write_text(json.dumps(records))
+    if world > 1:
+        dist.destroy_process_group()
 
 
 def _free_port() -> int:
@@ -77,46 +361,188 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def run_checks() -> list[dict[str, Any]]:
+    # Read by glibc when each spawned rank starts.
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD_BYTES)
+    checks = []
+    with tempfile.TemporaryDirectory() as out:
+        for world in sorted({case.world_size for case in CASES}):
+            mp.spawn(_rank, args=(world, _free_port(), out), nprocs=world, join=True)
+            for rank in range(world):
+                for record in json.loads(Path(out, f"w{world}-rank{rank}.json").read_text()):
+                    case = next(c for c in CASES if c.name == record["case"])
+                    checks.append(_compare(case, record))
+    return checks
+
+
+def _compare(case: Case, record: dict[str, Any]) -> dict[str, Any]:
+    """The model's terms beside the tracked bytes, and its peak beside the measured one."""
+    shape = ModelShape.from_hf_config(preset_config("tiny", **case.model_args()))
+    estimate = memory_per_gpu(shape, case.layout())
+    terms = {name: n for phase in estimate.phases.values() for name, n in phase.items()}
+    tracked = record["tracked"]
+    pairs = {
+        "params": (terms["replica"] + terms["master"], tracked["params"]),
+        "grads": (terms["grads"], tracked["grads"]),
+        "optimizer": (terms["optimizer"], tracked["optimizer"]),
+        "accumulator": (terms["accumulator"], tracked["accumulator"]),
+        "group_statistics": (terms["group_statistics"], tracked["group_statistics"]),
+    }
+    measured = record["peak_rss_above_baseline_bytes"]
+    return {
+        "case": asdict(case),
+        "rank": record["rank"],
+        "step_s": record["s"],
+        "tracked": {k: {"model": m, "measured": t} for k, (m, t) in pairs.items()},
+        "model_peak_bytes": estimate.total_bytes,
+        "model_peak_phase": estimate.peak_phase,
+        "model_phases_bytes": estimate.totals,
+        "measured_peak_rss_bytes": measured,
+        "relative_error": estimate.total_bytes / measured - 1,
+    }
+
+
+def print_checks(checks: list[dict[str, Any]]) -> None:
+    print("\nCPU check: model vs measured, MiB (tracked: model/measured; peak RSS above baseline)")
+    print(
+        f"{'case':<17} {'W':>1} {'r':>1} {'params':>11} {'grads':>11} {'optim':>11}"
+        f" {'accum':>11} {'stats':>11} {'model peak, phase':>21} {'measured':>9} {'error':>7}"
+    )
+    for c in checks:
+        t = c["tracked"]
+        cells = [
+            f"{t[k]['model'] / MIB:.0f}/{t[k]['measured'] / MIB:.0f}"
+            for k in ("params", "grads", "optimizer", "accumulator", "group_statistics")
+        ]
+        print(
+            f"{c['case']['name']:<17} {c['case']['world_size']:>1} {c['rank']:>1}"
+            + "".join(f" {cell:>11}" for cell in cells)
+            + f" {c['model_peak_bytes'] / MIB:>6.0f} {c['model_peak_phase']:<14}"
+            f" {c['measured_peak_rss_bytes'] / MIB:>9.0f} {c['relative_error']:>+7.1%}"
+        )
+
+
+def render_doc(report: dict[str, Any]) -> str:
+    """The "Learner memory" section of docs/cluster.md, from a report written by --out."""
+    models = report["models"]
+    names = list(models)
+    intro = (
+        "Peak bytes per GPU of the learner, from `thundersync_core/perfmodel/memory.py` (its "
+        "docstring lists every term and when each is live), at 8 learner ranks, bfloat16 "
+        f"compute, {report['tokens_per_backward']} tokens per backward, "
+        f"{report['prefix_tokens']}-token prompts and groups of {report['group_size']}; GB per "
+        f"GPU, * fits {report['gpu_gb']:g} GB. *projection*: fsdp2 with the batch accumulator "
+        "and the group statistics sharded 1/W, which is not built. Generated by "
+        "`benchmarks/learner_memory.py --out docs/bench/learner_memory.json`, then "
+        "`--render-doc docs/bench/learner_memory.json`."
+    )
+    header = " | ".join(f"{n}: full / LoRA r16 / projection" for n in names)
+    lines = ["## Learner memory", "", textwrap.fill(intro, 92), ""]
+    lines += [f"| sharding | release | k | {header} |", "|---|---|---|" + "---|" * len(names)]
+    rows = {n: [r for r in models[n]["rows"] if r["world_size"] == 8] for n in names}
+    for i, first in enumerate(rows[names[0]]):
+        k = first["open_groups"] if first["open_groups"] is not None else "-"
+        cells = " | ".join(
+            " / ".join(_doc_cell(rows[n][i], key) for key in _DOC_KEYS) for n in names
+        )
+        lines.append(f"| {first['sharding']} | {first['release']} | {k} | {cells} |")
+    lines.append("")
+    for n in names:
+        v = models[n]["verdict"]
+        today = next(r for r in rows[n] if r["sharding"] == "fsdp2" and r["open_groups"] == 4)
+        largest = sorted(today["full_terms"].items(), key=lambda kv: -kv[1])[:4]
+        bullet = (
+            f"{n}, full fine-tuning, 4 open groups per rank on 8 x {report['gpu_gb']:g} GB "
+            f"(fsdp2): {_doc_verdict(v['today'])} today, where the accumulator and statistics "
+            f"are whole on every rank (largest terms, GB: "
+            + ", ".join(f"{name} {b / GB:.0f}" for name, b in largest)
+            + f"); release=group {_doc_verdict(v['today_release_group'])}; the projection "
+            f"{_doc_verdict(v['sharded_streaming_state_projection'])}."
+        )
+        lines.append(textwrap.fill(bullet, 92, initial_indent="- ", subsequent_indent="  "))
+    checks = report.get("checks", [])
+    if checks:
+        worst = max(checks, key=lambda c: abs(c["relative_error"]))
+        exact = all(t["model"] == t["measured"] for c in checks for t in c["tracked"].values())
+        summary = (
+            f"Checked on CPU ({len({c['case']['name'] for c in checks})} small learners on 1 and "
+            "2 gloo ranks, both releases, float32 and bfloat16): the model's weight, gradient, "
+            "optimizer, accumulator and statistics bytes "
+            f"{'equal' if exact else 'differ from'} the learner's own counters, and its peak is "
+            f"within {abs(worst['relative_error']):.1%} of the measured peak resident set "
+            f"(worst: {worst['case']['name']}, {worst['relative_error']:+.1%}). On a GPU the "
+            "allocator's cache, the CUDA context and NCCL buffers come on top."
+        )
+        lines += ["", textwrap.fill(summary, 92)]
+    return "\n".join(lines) + "\n"
+
+
+_DOC_KEYS = ("full_bytes", "lora_bytes", "sharded_streaming_state_bytes")
+
+
+def _doc_cell(row: dict[str, Any], key: str) -> str:
+    value = row[key]
+    return "-" if value is None else f"{value / GB:.0f}{'*' if row['fits'][key] else ''}"
+
+
+def _doc_verdict(v: dict[str, Any]) -> str:
+    tokens = v["max_tokens_per_backward_that_fit"]
+    limit = f"fits up to {tokens} tokens per backward" if tokens else "no length fits"
+    answer = "fits" if v["fits"] else "does not fit"
+    return f"{answer} ({v['total_bytes'] / GB:.0f} GB; {limit})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--hf", type=Path, action="append", help="HF config.json (repeatable)")
+    parser.add_argument("--gpu-gb", type=float, default=180.0)
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens per backward")
+    parser.add_argument("--prefix-tokens", type=int, default=1024, help="a group's prompt")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--skip-measure", action="store_true", help="the table only")
+    parser.add_argument("--out", type=Path, help="write the table and the checks as JSON")
+    parser.add_argument("--render-doc", type=Path, help="print the doc section of a --out JSON")
     args = parser.parse_args()
-    model_args = {
-        "hidden_size": args.hidden,
-        "num_hidden_layers": args.layers,
-        "intermediate_size": 3 * args.hidden,
-        "num_attention_heads": args.hidden // 64,
-        "num_key_value_heads": max(args.hidden // 256, 1),
-        "vocab_size": args.vocab,
+    if args.render_doc:
+        print(render_doc(json.loads(args.render_doc.read_text())), end="")
+        return
+    gpu_bytes = int(args.gpu_gb * GB)
+    report: dict[str, Any] = {
+        "gpu_gb": args.gpu_gb,
+        "tokens_per_backward": args.tokens,
+        "prefix_tokens": args.prefix_tokens,
+        "group_size": args.group_size,
+        "compute_dtype": "bfloat16",
+        "models": {},
     }
-    records = []
-    with tempfile.TemporaryDirectory() as out:
-        for sharding in ("replicated", "fsdp2"):
-            mp.spawn(
-                _rank,
-                args=(args.world, _free_port(), (sharding, model_args, out)),
-                nprocs=args.world,
-                join=True,
-            )
-            records.extend(
-                json.loads(Path(out, f"{sharding}-rank{rank}.json").read_text())
-                for rank in range(args.world)
-            )
-    mib = 1 << 20
-    print(
-        f"{'layout':<11} {'rank':>4} {'peak RSS+':>10} {'params':>8} {'grads':>8} "
-        f"{'optim':>8} {'accum':>8}  (MiB)"
-    )
-    for r in records:
-        print(
-            f"{r['sharding']:<11} {r['rank']:>4} {r['peak_rss_above_baseline_bytes'] / mib:>10.1f}"
-            f" {r['params_bytes'] / mib:>8.1f} {r['grads_bytes'] / mib:>8.1f}"
-            f" {r['optimizer_bytes'] / mib:>8.1f} {r['accumulators_bytes'] / mib:>8.1f}"
+    for path in args.hf or DEFAULT_HF:
+        shape = ModelShape.from_hf_config(path)
+        rows = table_rows(
+            shape,
+            gpu_bytes=gpu_bytes,
+            tokens=args.tokens,
+            prefix_tokens=args.prefix_tokens,
+            group_size=args.group_size,
         )
-    print(json.dumps({"parameters": records[0]["parameters"], "ranks": records}))
+        print_table(path.stem, shape, rows, args)
+        entry: dict[str, Any] = {
+            "parameters": shape.parameter_count,
+            "rows": rows,
+            "verdict": verdict(shape, args),
+        }
+        print_verdict(path.stem, entry["verdict"], args.gpu_gb)
+        report["models"][path.stem] = entry
+    if not args.skip_measure:
+        t0 = time.perf_counter()
+        checks = run_checks()
+        print_checks(checks)
+        worst = max(abs(c["relative_error"]) for c in checks)
+        print(f"worst peak error {worst:.1%}; measured part {time.perf_counter() - t0:.0f} s")
+        report["checks"] = checks
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ from thundersync_core.batch import turns_of
 from thundersync_core.objectives.opd import split_by_turn
 from thundersync_core.parallel.data_parallel import init_process_group, stream_rank_share
 from thundersync_core.parallel.dcp import load_group_checkpoint, save_group_checkpoint
-from thundersync_core.parallel.fsdp import build_train_state
+from thundersync_core.parallel.fsdp import build_train_state, load_sharded_state
 from thundersync_core.policy import build_model
+from thundersync_core.policy.io import load_model
 from thundersync_core.replay import interleave
 from thundersync_core.streaming import (
     LearnerRefusal,
@@ -193,6 +194,30 @@ def checkpoint_case(out: Path) -> dict:
     }
 
 
+def load_case(out: Path, dtype: torch.dtype) -> dict:
+    """fsdp2 state built two ways from one float32 folder: every rank loading the model
+    (``build_train_state``), and rank 0 alone reading it (``load_sharded_state``); then one
+    GRPO step on each."""
+    folder = out / "load-model"
+    if dist.get_rank() == 0 and not folder.exists():
+        build_model("micro", seed=5, dtype=torch.float32).save_pretrained(folder)
+    dist.barrier()
+    states = {
+        "every": build_train_state(
+            load_model(folder), sharding="fsdp2", lr=LR, compute_dtype=dtype
+        ),
+        "rank0": load_sharded_state(folder, lr=LR, compute_dtype=dtype),
+    }
+    result: dict = {}
+    for how, state in states.items():
+        result[f"{how}:replica"] = full_params(state.model)
+        result[f"{how}:replica_dtype"] = {p.dtype for p in state.model.parameters()}
+        result[f"{how}:master"] = {n: t.clone() for n, t in state._gathered()}
+        train_step(state, "grpo", grpo_batch(23), 1)
+        result[f"{how}:after"] = {n: t.clone() for n, t in state._gathered()}
+    return result
+
+
 def rank_main(rank: int, world: int, port: int, out_dir: str, cases: list[str]) -> None:
     torch.set_num_threads(1)
     init_process_group(
@@ -213,6 +238,8 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, cases: list[str]) 
                 result = refusal_case()
             elif kind == "checkpoint":
                 result = checkpoint_case(out)
+            elif kind == "load":
+                result = load_case(out, torch.bfloat16 if args[0] == "bf16" else torch.float32)
             else:
                 raise ValueError(f"unknown case {case!r}")
             torch.save(result, out / f"{case.replace(':', '_')}-rank{rank}.pt")

@@ -46,7 +46,7 @@ GRAD_CASES = [
 ]
 UPDATE_CASES = ["update:replicated:fp32", "update:fsdp2:fp32", "update:fsdp2:bf16"]
 # "refusal" runs before "checkpoint": the group must still work after a refused barrier.
-CASES = [*GRAD_CASES, *UPDATE_CASES, "refusal", "checkpoint"]
+CASES = [*GRAD_CASES, *UPDATE_CASES, "refusal", "checkpoint", "load:fp32", "load:bf16"]
 
 
 def free_port() -> int:
@@ -227,3 +227,28 @@ def test_one_rank_refusing_the_barrier_stops_both_at_once(ranks):
     assert held_back["error"] is not None
     assert "rank(s) [1] refused" in held_back["error"]
     assert max(held_back["elapsed_s"], refused["elapsed_s"]) < 30
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_rank_0_reads_the_weights_and_every_rank_takes_its_shard(ranks, dtype):
+    """``load_sharded_state`` (rank 0 reads the folder, broadcasts one tensor at a time)
+    builds bitwise the state of every rank loading the whole model: the replica in the
+    compute dtype, the float32 master (a float32 folder keeps its bits), and the update of
+    the next step."""
+    results, out = ranks
+    saved = load_file(str(out / "load-model" / "model.safetensors"))
+    for rank_result in results[f"load:{dtype}"]:
+        want = {torch.bfloat16 if dtype == "bf16" else torch.float32}
+        assert rank_result["rank0:replica_dtype"] == rank_result["every:replica_dtype"] == want
+        for part in ("replica", "master", "after"):
+            every, rank0 = rank_result[f"every:{part}"], rank_result[f"rank0:{part}"]
+            assert every.keys() == rank0.keys()
+            for name in every:
+                assert torch.equal(every[name], rank0[name]), (part, name)
+        for name, value in rank_result["rank0:master"].items():
+            assert torch.equal(value, saved[name]), name
+        moved = max(
+            float((rank_result["rank0:after"][n] - rank_result["rank0:master"][n]).abs().max())
+            for n in saved
+        )
+        assert moved > 0, "the step must move the master"

@@ -31,6 +31,7 @@ full copy of the weights, only one extra tensor.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -197,7 +198,7 @@ class MixedPrecisionState(_WholeMaster):
                 f"replica is cast to {compute_dtype} from them"
             )
         self.master = model
-        self.model = copy.deepcopy(model).to(compute_dtype)
+        self.model = cast_parameters(copy.deepcopy(model), compute_dtype)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         replica = dict(self.model.named_parameters())
         self.pairs = [(name, replica[name], p) for name, p in model.named_parameters()]
@@ -232,15 +233,19 @@ class ShardedState:
         lr: float,
         mesh: DeviceMesh,
         compute_dtype: torch.dtype | None = None,
+        master: torch.nn.Module | None = None,
     ) -> None:
+        """``master``: an FSDP2-sharded float32 master already holding ``model``'s values
+        (``load_sharded_state``); otherwise it is made here from ``model``."""
         self.model = model
         self.mesh = mesh
-        # The deep copy briefly holds a second full copy; fully_shard frees all but the shard.
-        # It is taken before the replica is cast, so the master keeps the loaded values.
-        master = copy.deepcopy(model).to(torch.float32)
-        if compute_dtype is not None:
-            model.to(compute_dtype)
-        fully_shard(master, mesh=mesh)
+        if master is None:
+            # The deep copy briefly holds a second full copy; fully_shard frees all but the
+            # shard. It is taken before the replica is cast: the master keeps the values.
+            master = copy.deepcopy(model).to(torch.float32)
+            if compute_dtype is not None:
+                cast_parameters(model, compute_dtype)
+            fully_shard(master, mesh=mesh)
         self.master = master
         self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(master.parameters(), lr=lr)
         replica = dict(model.named_parameters())
@@ -343,6 +348,98 @@ def build_train_state(
         mesh = init_device_mesh(device_type, (world,))
         return ShardedState(model, lr=lr, mesh=mesh, compute_dtype=compute_dtype if lower else None)
     raise ValueError(f"learner_sharding must be 'replicated' or 'fsdp2', got {sharding!r}")
+
+
+def load_sharded_state(
+    model_dir: Path,
+    *,
+    lr: float,
+    device: str = "cpu",
+    compute_dtype: torch.dtype | None = None,
+) -> ShardedState:
+    """An FSDP2 rank's state from a Hugging Face folder that only rank 0 reads.
+
+    Every rank builds the compute replica from the config without initialising it (in
+    ``compute_dtype``, float32 by default) and the float32 master on the meta device,
+    sharded before it takes memory; then rank 0 reads the weights one tensor at a time and
+    broadcasts each (in float32: a float32 checkpoint keeps its bits in the master), and
+    every rank copies it into its replica and keeps its own slice in its master shard. A
+    rank holds its replica, its master shard and one tensor in flight: never a whole float32
+    copy of the model (``build_train_state`` from a loaded model holds two, briefly)."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+
+    from thundersync_core.policy.norm import widen_rms_norms  # noqa: PLC0415
+
+    model_dir = Path(model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    dtype = compute_dtype or torch.float32
+    with _uninitialised():
+        replica = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    replica.tie_weights()  # skipped with the initialisation (tied embeddings share one tensor)
+    with torch.device("meta"):
+        master = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    for module in (replica, master):
+        widen_rms_norms(module)
+        module.eval()
+        for p in module.parameters():
+            p.requires_grad_(True)
+    replica.to(device)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mesh = init_device_mesh(device, (world,))
+    fully_shard(master, mesh=mesh)
+    master.to_empty(device=device)
+    shards = dict(master.named_parameters())
+    reader = _WeightReader(model_dir) if _rank() == 0 else None
+    with torch.no_grad():
+        for name, replica_p in replica.named_parameters():
+            full = (
+                reader.read(name).to(device=device, dtype=torch.float32)
+                if reader is not None
+                else torch.empty(replica_p.shape, dtype=torch.float32, device=device)
+            )
+            if dist.is_initialized():
+                dist.broadcast(full, src=0)
+            replica_p.copy_(full)
+            shard = shards[name]
+            assert isinstance(shard, DTensor)
+            mine = distribute_tensor(full, mesh, shard.placements, src_data_rank=None)
+            shard.to_local().copy_(mine.to_local())
+    return ShardedState(replica, lr=lr, mesh=mesh, master=master)
+
+
+class _WeightReader:
+    """Tensors of a Hugging Face folder's safetensors files by name, read one at a time."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from safetensors import safe_open  # noqa: PLC0415
+
+        self.files = [safe_open(str(f), "pt") for f in sorted(model_dir.glob("*.safetensors"))]
+        self.where = {key: f for f in self.files for key in f.keys()}  # noqa: SIM118
+        if not self.where:
+            raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
+
+    def read(self, name: str) -> torch.Tensor:
+        if name not in self.where:
+            raise KeyError(f"the model's weights have no tensor {name!r}")
+        return self.where[name].get_tensor(name)
+
+
+def _uninitialised() -> contextlib.AbstractContextManager[None]:
+    """Build a model without its (discarded) random initialisation."""
+    try:
+        from transformers.initialization import no_init_weights  # noqa: PLC0415
+    except ImportError:  # another transformers: initialise, and overwrite after
+        return contextlib.nullcontext()
+    return no_init_weights()
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast the parameters, not the buffers: rotary frequencies stay in float32, as a model
+    loaded in ``dtype`` by ``from_pretrained`` (and the inference engines) keeps them."""
+    for param in model.parameters():
+        if param.dtype != dtype:
+            param.data = param.data.to(dtype)
+    return model
 
 
 def _cast(

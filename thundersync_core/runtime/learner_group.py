@@ -83,7 +83,10 @@ class LearnerRank(LearnerWorker):
     def setup(self, address: str, port: int, resume_from: Path | None) -> int:
         """Join the process group, load the policy (and checkpoint); returns the version."""
         from thundersync_core.parallel.dcp import load_group_checkpoint  # noqa: PLC0415
-        from thundersync_core.parallel.fsdp import build_train_state  # noqa: PLC0415
+        from thundersync_core.parallel.fsdp import (  # noqa: PLC0415
+            build_train_state,
+            load_sharded_state,
+        )
 
         res = self.config.resources.learner
         pin_to_cores(rank_cores(res.cores, self.rank, self.world_size))
@@ -97,15 +100,23 @@ class LearnerRank(LearnerWorker):
             port=port,
             timeout_s=self.timeout_s,
         )
-        master = load_model(self.model_dir).to(self.device)  # type: ignore[arg-type]
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.state = build_train_state(
-            master,
-            sharding=self.config.learner_sharding,
-            lr=self.config.lr,
-            device_type=self.device,
-            compute_dtype=getattr(torch, self.config.learner_dtype),
-        )
+        compute_dtype = getattr(torch, self.config.learner_dtype)
+        if self.config.learner_sharding == "fsdp2":
+            # Rank 0 reads the weights and the ranks take their shards: no rank holds a
+            # whole float32 copy.
+            self.state = load_sharded_state(
+                self.model_dir, lr=self.config.lr, device=self.device, compute_dtype=compute_dtype
+            )
+        else:
+            master = load_model(self.model_dir).to(self.device)  # type: ignore[arg-type]
+            self.state = build_train_state(
+                master,
+                sharding="replicated",
+                lr=self.config.lr,
+                device_type=self.device,
+                compute_dtype=compute_dtype,
+            )
         model = self.model = self.state.model
         self.optimizer = self.state.optimizer
         version = 0

@@ -1,0 +1,266 @@
+"""The learner's memory model against what the code really holds, on small models.
+
+Why a pass cannot be chance: every comparison is against bytes read off live objects (the
+parameters of models built from the configs, the tensors autograd saved or kept, the
+learner's and train state's own byte counters) and asks for equality, where a missing or
+doubled term is off by a whole tensor. The peak resident set is checked by
+``benchmarks/learner_memory.py`` (it needs fresh processes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from thundersync_core.batch import Segment, Trajectory
+from thundersync_core.parallel.fsdp import build_train_state
+from thundersync_core.perfmodel.memory import (
+    GB,
+    LearnerLayout,
+    LoraSpec,
+    ModelShape,
+    check_learner_memory,
+    fits,
+    memory_per_gpu,
+)
+from thundersync_core.policy import build_model
+from thundersync_core.policy.logprobs import scored_logprobs
+from thundersync_core.policy.presets import preset_config
+from thundersync_core.streaming import GroupSpec, StreamingGRPOLearner
+from thundersync_core.streaming.prefix import SharedPrefix
+
+HF_CONFIGS = Path(__file__).parents[2] / "configs" / "hf"
+SMALL = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 96}
+
+
+def _qwen3_untied() -> Qwen3Config:
+    config = preset_config("micro")
+    config.tie_word_embeddings = False
+    return config
+
+
+def _small_models() -> list[tuple[str, torch.nn.Module]]:
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": False}
+    return [
+        ("micro (tied)", build_model("micro")),
+        ("tiny (tied)", build_model("tiny")),
+        ("qwen3 untied", Qwen3ForCausalLM(_qwen3_untied())),
+        ("llama", LlamaForCausalLM(LlamaConfig(**SMALL, **heads))),
+        (
+            "llama biases",
+            LlamaForCausalLM(LlamaConfig(**SMALL, **heads, attention_bias=True, mlp_bias=True)),
+        ),
+        (
+            "llama tied",
+            LlamaForCausalLM(LlamaConfig(**SMALL, **heads | {"tie_word_embeddings": True})),
+        ),
+        ("qwen2", Qwen2ForCausalLM(Qwen2Config(**SMALL, **heads))),
+    ]
+
+
+def test_parameter_count_equals_the_models_built_from_the_configs():
+    for name, model in _small_models():
+        shape = ModelShape.from_hf_config(model.config)
+        params = list(model.parameters())
+        assert shape.parameter_count == sum(p.numel() for p in params), name
+        assert shape.parameter_tensors == len(params), name
+        assert shape.largest_tensor == max(p.numel() for p in params), name
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-32b"])
+def test_committed_hf_configs_match_a_model_built_on_the_meta_device(name):
+    path = HF_CONFIGS / f"{name}.json"
+    shape = ModelShape.from_hf_config(path)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**json.loads(path.read_text())))
+    assert shape.parameter_count == sum(p.numel() for p in model.parameters())
+    assert not shape.tie_word_embeddings
+    assert shape.qk_norm
+    assert shape.head_dim == 128
+    # The public figures: 8.2 B and 32.8 B parameters.
+    assert round(shape.parameter_count / 1e9, 1) == {"qwen3-8b": 8.2, "qwen3-32b": 32.8}[name]
+
+
+def test_a_config_of_another_family_is_refused_by_name():
+    with pytest.raises(ValueError, match="gpt2"):
+        ModelShape.from_hf_config({"model_type": "gpt2", **SMALL, "num_attention_heads": 4})
+
+
+# -- activations: the bytes autograd keeps ------------------------------------------------------
+def _forward_saved_bytes(model, prefix_tokens: int, tokens: int) -> int:
+    """Bytes of every tensor one scored forward saves for backward, or that its prompt
+    cache holds, other than parameters and prompt proxies (distinct storages)."""
+    vocab = model.config.vocab_size
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(vocab, (prefix_tokens + 1,), generator=gen).tolist()
+    prefix = SharedPrefix(model, prompt[:-1]) if prefix_tokens else None
+    skip |= {p.untyped_storage().data_ptr() for p in (prefix.proxies if prefix else [])}
+    ids_1T = torch.tensor([[prompt[-1], *torch.randint(vocab, (tokens - 1,), generator=gen)]])
+    scored_1T = torch.ones_like(ids_1T, dtype=torch.bool)
+    scored_1T[0, 0] = False
+    cache = prefix.cache() if prefix else None
+    storages: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        scored_logprobs(model, ids_1T, scored_1T, past_key_values=cache)
+    for layer in cache.layers if cache is not None else []:
+        for t in (layer.keys, layer.values):
+            keep(t)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("prefix_tokens", [0, 16])
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_saved_activations_equal_the_formula(dtype, prefix_tokens, kv_heads):
+    model = build_model("micro", num_attention_heads=4, num_key_value_heads=kv_heads, dtype=dtype)
+    shape = ModelShape.from_hf_config(model.config)
+    c = 4 if dtype == torch.float32 else 2
+    tokens = 40
+    expected = shape.saved_activation_bytes(c, tokens, prefix_tokens, scored_tokens=tokens - 1)
+    assert _forward_saved_bytes(model, prefix_tokens, tokens) == expected
+
+
+@pytest.mark.parametrize("prefix_tokens", [0, 16])
+def test_saved_activations_of_a_llama_shape_equal_the_formula(prefix_tokens):
+    config = LlamaConfig(
+        **SMALL | {"vocab_size": 512}, num_attention_heads=4, num_key_value_heads=2
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    shape = ModelShape.from_hf_config(config)
+    expected = shape.saved_activation_bytes(2, 40, prefix_tokens, scored_tokens=39)
+    assert _forward_saved_bytes(model, prefix_tokens, 40) == expected
+
+
+def _graph_bytes(roots: list[torch.Tensor], skip: set[int]) -> int:
+    """Bytes of the roots and of every tensor saved by a node reachable from them."""
+    storages = {r.untyped_storage().data_ptr(): r.untyped_storage().nbytes() for r in roots}
+    seen, stack = set(), [r.grad_fn for r in roots]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            value = getattr(node, attr)
+            for t in value if isinstance(value, tuple | list) else (value,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in skip:
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_an_open_groups_prompt_graph_equals_the_formula(dtype):
+    model = build_model("micro", num_hidden_layers=3, num_attention_heads=4, dtype=dtype)
+    prefix = SharedPrefix(model, list(range(1, 25)))
+    kv_flat = prefix._kv_flat
+    assert kv_flat is not None
+    measured = _graph_bytes(kv_flat, {p.untyped_storage().data_ptr() for p in model.parameters()})
+    shape = ModelShape.from_hf_config(model.config)
+    assert measured == shape.prompt_graph_bytes(4 if dtype == torch.float32 else 2, 24)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_prompt_replay_reaches_the_modelled_parameters(tied):
+    model = build_model("micro") if tied else Qwen3ForCausalLM(_qwen3_untied())
+    prefix = SharedPrefix(model, list(range(1, 9)))
+    grads = prefix.replay([torch.ones_like(p) for p in prefix.proxies], list(model.parameters()))
+    reached = sum(g.numel() for g in grads if g is not None)
+    assert reached == ModelShape.from_hf_config(model.config).replay_parameter_count()
+
+
+# -- state terms against a tiny real learner ----------------------------------------------------
+def _group(prompt_tokens: int) -> list[Trajectory]:
+    prompt = tuple(range(1, prompt_tokens + 1))
+    return [
+        Trajectory("g0", f"g0-t{i}", prompt, (Segment.action([7 + i, 8, 9, 10]),), float(i))
+        for i in range(2)
+    ]
+
+
+@pytest.mark.parametrize("release", ["trajectory", "group"])
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_state_terms_equal_the_learners_byte_counters(compute_dtype, release):
+    model = build_model("micro", seed=1)
+    dtype = torch.bfloat16 if compute_dtype == "bfloat16" else None
+    state = build_train_state(model, sharding="replicated", lr=1e-3, compute_dtype=dtype)
+    learner = StreamingGRPOLearner(state.model, max_open_groups=1, release=release)
+    group = _group(prompt_tokens=9)
+    layout = LearnerLayout(
+        world_size=1,
+        sharding="replicated",
+        compute_dtype=compute_dtype,
+        open_groups=1,
+        release=release,
+        tokens_per_backward=5,
+        prefix_tokens=8,
+        group_size=2,
+    )
+    estimate = memory_per_gpu(ModelShape.from_hf_config(model.config), layout)
+    backward, barrier = estimate.phases["backward"], estimate.phases["barrier"]
+
+    learner.begin_batch({"g0": GroupSpec(group[0].prompt_ids, 2)})
+    learner.submit(group[0])
+    # One group open: its two statistics (release="trajectory") or none (release="group").
+    assert learner.live_statistics_bytes() == backward["group_statistics"]
+    assert learner.accumulator_bytes() == backward["accumulator"]
+    learner.submit(group[1])
+    result = learner.finish()
+    at_barrier = state.state_bytes()
+    assert at_barrier["params"] == backward["replica"] + backward["master"]
+    assert at_barrier["grads"] == barrier["replica_grads"]
+    state.clip(1.0, result.grad_objective, -1.0)
+    assert state.state_bytes()["grads"] == estimate.phases["optimizer_step"]["grads"]
+    state.apply()
+    assert state.state_bytes()["optimizer"] == backward["optimizer"]
+
+
+# -- the refusal -------------------------------------------------------------------------------
+def test_an_8b_layout_on_a_small_budget_is_refused_naming_every_term():
+    shape = ModelShape.from_hf_config(HF_CONFIGS / "qwen3-8b.json")
+    layout = LearnerLayout(world_size=8, sharding="fsdp2", open_groups=4, prefix_tokens=1024)
+    estimate = memory_per_gpu(shape, layout)
+    with pytest.raises(ValueError, match="does not fit") as refused:
+        check_learner_memory(shape, layout, 180 * GB)
+    message = str(refused.value)
+    for name, n in estimate.terms.items():
+        assert f"{name} {n / GB:.1f}" in message
+    assert f"= {estimate.total_bytes / GB:.1f} GB against 180.0 GB per GPU" in message
+    # The statistics of four open groups alone are 4 x 2 x 4 bytes x 8.2 B > 180 GB.
+    assert estimate.terms["group_statistics"] > 180 * GB
+
+
+def test_a_fitting_layout_is_accepted():
+    shape = ModelShape.from_hf_config(HF_CONFIGS / "qwen3-8b.json")
+    layout = LearnerLayout(
+        world_size=8,
+        sharding="fsdp2",
+        release="group",
+        tokens_per_backward=2048,
+        prefix_tokens=512,
+        lora=LoraSpec(rank=16),
+    )
+    check_learner_memory(shape, layout, 80 * GB)
+    assert fits(shape, layout, 80 * GB)
+    assert not fits(shape, layout, 10 * GB)

@@ -1,0 +1,557 @@
+"""Per-GPU memory of the streaming learner, from a model's shape and the learner's layout.
+
+A learner rank holds gradient-sized buffers (weights, gradients, AdamW, the batch gradient,
+GRPO's open-group statistics) and the activations of one backward. Which of them are live
+together depends on the moment of the step, so the estimate names every term and takes the
+largest of the moments (phases) below, each the sum of the terms live in it.
+
+Symbols: P trainable parameters, c the compute dtype's bytes (2 bfloat16, 4 float32),
+s the master's shard count (W with fsdp2, else 1), k open groups, T tokens of one backward
+(every one scored: the upper bound), T_p prefix tokens (a group's prompt but its last token,
+forwarded once per open group), K = 2 L n_kv d T_p the prompt's key/value proxies, X the
+largest parameter tensor, L layers, h hidden, f intermediate, n_q / n_kv heads of width d,
+V vocabulary.
+
+Terms, as the code holds them (``parallel/fsdp.py``, ``streaming/base.py``,
+``streaming/grpo_stream.py``):
+
+    replica             c P        the compute copy; 0 when the learner runs on a float32 master
+    master              4 P / s    float32 weights (fully_shard splits dim 0 over the ranks)
+    optimizer           8 P / s    AdamW's moments, plus a 4-byte step per parameter tensor
+    accumulator         4 P        the batch gradient, whole on every rank
+    group_statistics    8 k (P+K)  x1 and x2 in float32 per open group (release="trajectory")
+    prompt_graphs       k A_p      each open group's prompt forward, kept for its one replay
+                                   (one group at a time with release="group")
+    held_gradients      c (P+K) m  release="group" sums its gradients: the sum and the last
+                                   backward's are held (m = min(size - 1, 2); 1 at the close)
+    activations         A          what a backward holds besides its gradient, at its peak
+    transient_gradient  c (P+K)    a backward's gradient as autograd returns it (in the
+                                   backward phase: what exists of it at the peak)
+    combination         4 (P+K)    a x1 + b x2 (with release="group": the sum) at a close
+    temporaries         8 X        a x1 and b x2 of the largest tensor while they are summed;
+                                   4 X for a float32 cast of a lower-precision gradient
+    replay_gradient     c P_r      the prompt replay's gradient (P_r: the parameters the
+                                   prompt's keys and values depend on)
+    replica_grads       c P        the barrier's p.grad on the replica (4 P, the gradient
+                                   itself, when the learner runs on the float32 master)
+    grads               4 P / s    the master's float32 gradient at the step
+    step_transient      4 P / s    foreach AdamW (CUDA's default) takes sqrt(v) of every
+                                   tensor at once; the per-tensor loop (CPU) 8 X / s
+
+Phases (resident = base + replica + master + optimizer; base is LoRA's frozen model, c P):
+
+    begin_batch     resident + accumulator + accumulator_next   a reused learner allocates
+                                                                the new one before the old goes
+    backward        resident + accumulator + group_statistics + prompt_graphs
+                    + held_gradients + activations + transient_gradient
+    group_close     resident + accumulator + group_statistics + prompt_graphs
+                    + held_gradients + transient_gradient + combination + temporaries
+    prompt_replay   the same with replay_gradient (and its float32 cast) for the temporaries
+    barrier         resident + accumulator + replica_grads
+    optimizer_step  resident + accumulator + grads + step_transient
+
+Activations of one backward over a row of T tokens that attends to S = T_p + T keys, in
+bytes, as autograd saves them for Hugging Face's Qwen3/Llama decoder with SDPA (checked
+tensor by tensor in ``tests/unit/test_memory_model.py``):
+
+    per layer   T [2 (4 + 2c) h + 8         two RMSNorms: float32 input, 1/rms, normalised,
+                                            output (which the projections keep)
+                   + (4 + c)(n_q + n_kv) d  q/k RMSNorm (Qwen3): float32 input, normalised
+                   + 2 c n_q d + 4 n_q      rotated queries, attention output, logsumexp
+                   + 4 c f]                 gate, SiLU, up and their product
+                + 2 c n_kv d S              keys and values (the cache's, or attention's)
+                + 2 c n_q d S               those repeated to n_q heads when attention takes a
+                                            mask (a prompt cache) and 1 < n_kv < n_q
+                + c T S                     the mask made additive, once per layer
+    head        T (4 + c) h + N (c h + 4 V) final RMSNorm; the scored hidden states and the
+                                            float32 log-softmax over V (N = T scored tokens)
+    backward    + 8 V N                     the gathered and log-softmax gradients (float32)
+
+The backward starts with all of these and no parameter gradient, and ends with the gradient
+c (P + K), the cache's keys and values, the hidden-state gradient c T h entering the
+embedding and (tied embeddings) two more copies of the embedding's gradient before they are
+summed. Each layer frees its activations and adds its gradient, so memory is linear in
+between and the peak is the larger end.
+
+``sharded_streaming_state`` (a projection) divides the accumulator, the statistics, the
+combination and its temporaries by W.
+
+Not modelled: allocator caching and fragmentation on the GPU, CUDA context and NCCL
+buffers, the load at start-up (the float32 model and its copy), pack rows (a pack of B rows
+repeats the prompt's keys B times), ``learner_order="fixed"`` (one gradient per arrived
+trajectory), gradient checkpointing (the learner does not use it). LoRA is predicted, not
+built: a frozen base in the compute dtype, the adapters trained like the full model above,
+and full fine-tuning's activations plus one rank-r activation per adapted projection (an
+upper bound: a frozen norm weight does not need its normalised input kept).
+
+Pure Python: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+#: Bytes per element of the compute dtypes the learner supports.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+#: Decimal gigabytes, as GPU memory is sold.
+GB = 10**9
+#: The projections LoRA adapts, by their Hugging Face names.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_RESIDENT = ("base", "replica", "master", "optimizer")
+_STREAMING = ("accumulator", "group_statistics", "prompt_graphs", "held_gradients")
+#: The terms live in each phase (module docstring).
+PHASES: dict[str, tuple[str, ...]] = {
+    "begin_batch": (*_RESIDENT, "accumulator", "accumulator_next"),
+    "backward": (*_RESIDENT, *_STREAMING, "activations", "transient_gradient"),
+    "group_close": (
+        *_RESIDENT,
+        *_STREAMING,
+        "transient_gradient",
+        "combination",
+        "temporaries",
+    ),
+    "prompt_replay": (
+        *_RESIDENT,
+        *_STREAMING,
+        "transient_gradient",
+        "combination",
+        "replay_gradient",
+        "temporaries",
+    ),
+    "barrier": (*_RESIDENT, "accumulator", "replica_grads"),
+    "optimizer_step": (*_RESIDENT, "accumulator", "grads", "step_transient"),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a Qwen3/Qwen2/Llama-family causal LM that memory depends on."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    #: Qwen3 normalises queries and keys per head (q_norm, k_norm).
+    qk_norm: bool = False
+    #: Biases on q/k/v (Qwen2, Llama's ``attention_bias``) and on o (Llama's only).
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_hf_config(cls, source: str | Path | Mapping[str, Any] | Any) -> ModelShape:
+        """From a ``config.json`` path, its parsed dict, or a ``transformers`` config object."""
+        if isinstance(source, str | Path):
+            path = Path(source)
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: no such Hugging Face config file")
+            return cls._from_dict(json.loads(path.read_text()), str(path))
+        if isinstance(source, Mapping):
+            return cls._from_dict(source, "config dict")
+        if hasattr(source, "to_dict"):
+            return cls._from_dict(source.to_dict(), type(source).__name__)
+        raise TypeError(f"expected a config path, dict or config object, got {type(source)}")
+
+    @classmethod
+    def _from_dict(cls, config: Mapping[str, Any], where: str) -> ModelShape:
+        model_type = str(config.get("model_type", ""))
+        if model_type not in _MODEL_TYPES:
+            raise ValueError(f"{where}: model_type {model_type!r} is not one of {_MODEL_TYPES}")
+        needed = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")
+        missing = [key for key in (*needed, "num_attention_heads") if key not in config]
+        if missing:
+            raise ValueError(f"{where}: missing {missing}")
+        heads = int(config["num_attention_heads"])
+        attention_bias = bool(config.get("attention_bias", False))
+        return cls(
+            **{key: int(config[key]) for key in needed},
+            num_attention_heads=heads,
+            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qk_norm=model_type == "qwen3",
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=model_type != "qwen2" and attention_bias,
+            mlp_bias=bool(config.get("mlp_bias", False)),
+        )
+
+    # -- parameters ------------------------------------------------------------------------
+    @property
+    def kv_width(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each attention and MLP projection of one layer."""
+        h, f, q, kv = self.hidden_size, self.intermediate_size, self.q_width, self.kv_width
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, f),
+            "up_proj": (h, f),
+            "down_proj": (f, h),
+        }
+
+    @property
+    def q_width(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    def layer_tensors(self) -> dict[str, int]:
+        """Element count of every parameter tensor of one decoder layer, by name."""
+        sizes = {name: i * o for name, (i, o) in self.projections().items()}
+        h, f, q, kv = self.hidden_size, self.intermediate_size, self.q_width, self.kv_width
+        if self.qkv_bias:
+            sizes |= {"q_proj.bias": q, "k_proj.bias": kv, "v_proj.bias": kv}
+        if self.o_bias:
+            sizes["o_proj.bias"] = h
+        if self.mlp_bias:
+            sizes |= {"gate_proj.bias": f, "up_proj.bias": f, "down_proj.bias": h}
+        if self.qk_norm:
+            sizes |= {"q_norm": self.head_dim, "k_norm": self.head_dim}
+        return sizes | {"input_layernorm": h, "post_attention_layernorm": h}
+
+    @property
+    def parameter_count(self) -> int:
+        """Parameters of the model (a tied head counted once, as ``model.parameters()``)."""
+        embedding = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else embedding
+        layer = sum(self.layer_tensors().values())
+        return embedding + self.num_hidden_layers * layer + self.hidden_size + head
+
+    @property
+    def parameter_tensors(self) -> int:
+        """Parameter tensors (AdamW keeps a step counter per tensor)."""
+        head = 0 if self.tie_word_embeddings else 1
+        return 2 + self.num_hidden_layers * len(self.layer_tensors()) + head
+
+    @property
+    def largest_tensor(self) -> int:
+        return max(self.vocab_size * self.hidden_size, *self.layer_tensors().values())
+
+    def replay_parameter_count(self) -> int:
+        """P_r: the parameters the prompt's keys and values depend on: all but the head, the
+        final norm and the last layer's queries, output projection, MLP and second norm."""
+        kept = ("k_proj", "v_proj", "k_norm", "input_layernorm")
+        last = sum(n for name, n in self.layer_tensors().items() if name.split(".")[0] not in kept)
+        head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.parameter_count - last - self.hidden_size - head
+
+    def lora_parameter_count(self, rank: int, targets: tuple[str, ...]) -> int:
+        """Adapter parameters: r (in + out) per adapted projection and layer."""
+        sizes = self.projections()
+        unknown = sorted(set(targets) - set(sizes))
+        if unknown:
+            raise ValueError(f"LoRA targets {unknown} are not projections of {sorted(sizes)}")
+        return self.num_hidden_layers * sum(rank * sum(sizes[t]) for t in targets)
+
+    def prompt_kv_elements(self, prefix_tokens: int) -> int:
+        """K: elements of a prompt's keys and values over every layer."""
+        return 2 * self.num_hidden_layers * self.kv_width * prefix_tokens
+
+    # -- activations -----------------------------------------------------------------------
+    def layer_activation_bytes(self, c: int, tokens: int, keys: int, *, masked: bool) -> int:
+        """Bytes one decoder layer keeps for its backward over ``tokens`` rows attending to
+        ``keys`` keys (module docstring); ``masked``: attention takes an explicit mask (a
+        prompt cache), so grouped keys and values are repeated to every query head."""
+        h, d = self.hidden_size, self.head_dim
+        n_q, n_kv = self.num_attention_heads, self.num_key_value_heads
+        per_token = 2 * ((4 + 2 * c) * h + 4)
+        if self.qk_norm:
+            per_token += (4 + c) * (n_q + n_kv) * d + 4 * (n_q + n_kv)
+        # SDPA's output is laid out (T, heads, d): o_proj reads that storage, no copy.
+        per_token += 2 * c * n_q * d + 4 * n_q
+        per_token += 4 * c * self.intermediate_size
+        kv = 2 * c * n_kv * d * keys
+        # repeat_kv reshapes an expanded view: a copy unless a single key head.
+        repeated = 2 * c * n_q * d * keys if masked and 1 < n_kv < n_q else 0
+        mask = c * tokens * keys if masked else 0
+        return tokens * per_token + kv + repeated + mask
+
+    def prompt_graph_bytes(self, c: int, prefix_tokens: int) -> int:
+        """A_p: what one open group's prompt forward keeps until its replay: every layer but
+        the last whole, the last up to its keys and values (its queries, attention and MLP
+        feed nothing that is kept); rotary tables and token ids."""
+        if prefix_tokens <= 0:
+            return 0
+        t, h, n_kv = prefix_tokens, self.hidden_size, self.num_key_value_heads
+        whole = self.layer_activation_bytes(c, t, t, masked=False)
+        last = t * ((4 + 2 * c) * h + 4 + 2 * c * self.kv_width)
+        if self.qk_norm:
+            last += t * ((4 + c) * n_kv * self.head_dim + 4 * n_kv)
+        shared = 2 * c * t * self.head_dim + 8 * t
+        return (self.num_hidden_layers - 1) * whole + last + shared
+
+    def saved_activation_bytes(
+        self,
+        c: int,
+        tokens: int,
+        prefix_tokens: int,
+        *,
+        scored_tokens: int | None = None,
+        lora_width: int = 0,
+    ) -> int:
+        """What one forward over ``tokens`` rows after a cached prompt of ``prefix_tokens``
+        keeps for its backward: the layers, the head, rotary tables, token ids and the scored
+        mask. ``scored_tokens`` defaults to every row; ``lora_width`` is the sum of the
+        adapters' ranks over one layer's adapted projections."""
+        t, h, v = tokens, self.hidden_size, self.vocab_size
+        n = t if scored_tokens is None else scored_tokens
+        keys, masked = t + prefix_tokens, prefix_tokens > 0
+        layer = self.layer_activation_bytes(c, t, keys, masked=masked) + c * lora_width * t
+        head = t * ((4 + c) * h + 4) + n * (c * h + 4 * v + 8)
+        shared = 2 * c * t * self.head_dim + 9 * t
+        return self.num_hidden_layers * layer + head + shared
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """Adapters of rank ``rank`` on ``targets`` beside a frozen base (predicted, not built)."""
+
+    rank: int = 16
+    targets: tuple[str, ...] = LORA_TARGETS
+
+
+@dataclass(frozen=True)
+class LearnerLayout:
+    """How a learner rank is set up: what ``TrainConfig`` and the cluster decide."""
+
+    world_size: int = 1
+    sharding: Literal["replicated", "fsdp2"] = "replicated"
+    compute_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    #: ``max_open_groups``: groups with live statistics on this rank.
+    open_groups: int = 4
+    release: Literal["trajectory", "group"] = "trajectory"
+    #: Tokens of one backward (a trajectory's row, or a pack); all scored (the upper bound).
+    tokens_per_backward: int = 8192
+    #: A group's prompt but its last token: forwarded once per open group, kept for replay.
+    prefix_tokens: int = 0
+    group_size: int = 8
+    lora: LoraSpec | None = None
+    #: A projection, not built: the accumulator, the statistics and a close's combination
+    #: held 1/W per rank.
+    sharded_streaming_state: bool = False
+    #: torch's AdamW takes its foreach path on CUDA and a loop over tensors on CPU.
+    adamw_foreach: bool = True
+
+    def __post_init__(self) -> None:
+        if min(self.world_size, self.open_groups, self.group_size, self.tokens_per_backward) < 1:
+            raise ValueError(
+                f"world_size, open_groups, group_size, tokens_per_backward must be >= 1: {self}"
+            )
+        if self.prefix_tokens < 0:
+            raise ValueError(f"prefix_tokens must be >= 0, got {self.prefix_tokens}")
+        if self.sharding not in ("replicated", "fsdp2"):
+            raise ValueError(f"sharding must be 'replicated' or 'fsdp2', got {self.sharding!r}")
+        if self.compute_dtype not in DTYPE_BYTES:
+            raise ValueError(f"compute_dtype must be one of {sorted(DTYPE_BYTES)}")
+        if self.release not in ("trajectory", "group"):
+            raise ValueError(f"release must be 'trajectory' or 'group', got {self.release!r}")
+
+    def describe(self) -> str:
+        lora = f" lora r={self.lora.rank}" if self.lora else ""
+        projected = " sharded streaming state (projection)" if self.sharded_streaming_state else ""
+        groups = f"k={self.open_groups}" if self.release == "trajectory" else "one group"
+        return (
+            f"W={self.world_size} {self.sharding} {self.compute_dtype} release={self.release} "
+            f"{groups} T={self.tokens_per_backward} T_p={self.prefix_tokens}{lora}{projected}"
+        )
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU: each phase's terms; the peak is the largest phase."""
+
+    layout: LearnerLayout
+    phases: dict[str, dict[str, int]]
+    #: Parameter counts behind the terms, for reports.
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return {name: sum(terms.values()) for name, terms in self.phases.items()}
+
+    @property
+    def peak_phase(self) -> str:
+        totals = self.totals
+        return max(totals, key=lambda name: totals[name])
+
+    @property
+    def total_bytes(self) -> int:
+        return self.totals[self.peak_phase]
+
+    @property
+    def terms(self) -> dict[str, int]:
+        """The peak phase's terms (they sum to ``total_bytes``)."""
+        return dict(self.phases[self.peak_phase])
+
+    def explain(self, gpu_bytes: int | None = None) -> str:
+        """The peak phase term by term in GB, its total, the budget, and the other phases."""
+        parts = " + ".join(f"{name} {n / GB:.1f}" for name, n in self.terms.items())
+        budget = "" if gpu_bytes is None else f" against {gpu_bytes / GB:.1f} GB per GPU"
+        others = ", ".join(f"{p} {t / GB:.1f}" for p, t in self.totals.items())
+        return (
+            f"{self.layout.describe()}: peak in {self.peak_phase}: {parts} "
+            f"= {self.total_bytes / GB:.1f} GB{budget} (every phase, GB: {others})"
+        )
+
+
+@dataclass(frozen=True)
+class _Trained:
+    """What is trained: the full model or LoRA's adapters."""
+
+    parameters: int
+    tensors: int
+    replay: int
+    largest: int
+    base_bytes: int
+    tied: bool
+
+
+def _trained(shape: ModelShape, layout: LearnerLayout, c: int) -> _Trained:
+    lora = layout.lora
+    if lora is None:
+        return _Trained(
+            parameters=shape.parameter_count,
+            tensors=shape.parameter_tensors,
+            replay=shape.replay_parameter_count(),
+            largest=shape.largest_tensor,
+            base_bytes=0,
+            tied=shape.tie_word_embeddings,
+        )
+    adapters = shape.lora_parameter_count(lora.rank, lora.targets)
+    # Of the last layer's adapters only the keys' and values' reach the prompt's.
+    unused = tuple(t for t in lora.targets if t not in ("k_proj", "v_proj"))
+    last = shape.lora_parameter_count(lora.rank, unused) // shape.num_hidden_layers
+    return _Trained(
+        parameters=adapters,
+        tensors=2 * len(lora.targets) * shape.num_hidden_layers,
+        replay=adapters - last,
+        largest=lora.rank * max(shape.hidden_size, shape.intermediate_size),
+        base_bytes=c * shape.parameter_count,
+        tied=False,
+    )
+
+
+def _backward(
+    shape: ModelShape, layout: LearnerLayout, c: int, gradient_bytes: int, tied: bool
+) -> dict[str, int]:
+    """activations and transient_gradient at the backward's peak, its start or its end."""
+    t, tp = layout.tokens_per_backward, layout.prefix_tokens
+    lora_width = layout.lora.rank * len(layout.lora.targets) if layout.lora else 0
+    start = shape.saved_activation_bytes(c, t, tp, lora_width=lora_width)
+    start += 8 * shape.vocab_size * t
+    cache_kv = 2 * c * shape.num_hidden_layers * shape.kv_width * (t + tp) if tp > 0 else 0
+    embedding_copies = 2 * c * shape.vocab_size * shape.hidden_size if tied else 0
+    end = cache_kv + embedding_copies + c * t * shape.hidden_size
+    if start >= end + gradient_bytes:
+        return {"activations": start, "transient_gradient": 0}
+    return {"activations": end, "transient_gradient": gradient_bytes}
+
+
+def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
+    """Bytes one learner rank holds in each phase of a step (module docstring)."""
+    c = DTYPE_BYTES[layout.compute_dtype]
+    shards = layout.world_size if layout.sharding == "fsdp2" else 1
+    spread = layout.world_size if layout.sharded_streaming_state else 1
+    trained = _trained(shape, layout, c)
+    p = trained.parameters
+    streamed = p + shape.prompt_kv_elements(layout.prefix_tokens)
+    by_trajectory = layout.release == "trajectory"
+    # Only a replicated float32 learner computes on its master (ReplicatedState).
+    replica = 0 if layout.sharding == "replicated" and c == 4 else c * p
+    master = _ceil_div(4 * p, shards)
+    resident = {
+        "base": trained.base_bytes,
+        "replica": replica,
+        "master": master,
+        "optimizer": _ceil_div(8 * p, shards) + 4 * trained.tensors,
+    }
+    accumulator = _ceil_div(4 * p, spread)
+    groups = layout.open_groups if by_trajectory else 1
+    streaming = {
+        "accumulator": accumulator,
+        "group_statistics": groups * _ceil_div(8 * streamed, spread) if by_trajectory else 0,
+        "prompt_graphs": groups * shape.prompt_graph_bytes(c, layout.prefix_tokens),
+    }
+    held = 0 if by_trajectory else c * streamed * min(layout.group_size - 1, 2)
+    held_at_close = 0 if by_trajectory else c * streamed * min(layout.group_size - 1, 1)
+    transient = c * streamed
+    closing = {"transient_gradient": transient, "combination": _ceil_div(4 * streamed, spread)}
+    largest_fp32 = 4 * _ceil_div(trained.largest, spread)
+    # A float32 copy of a lower-precision gradient tensor as it is added to float32 sums.
+    cast = largest_fp32 if c != 4 else 0
+    phases = {
+        "begin_batch": resident | {"accumulator": accumulator, "accumulator_next": accumulator},
+        "backward": resident
+        | streaming
+        | {"held_gradients": held}
+        | _backward(shape, layout, c, transient, trained.tied),
+        "group_close": resident
+        | streaming
+        | {"held_gradients": held_at_close}
+        | closing
+        | {"temporaries": 2 * largest_fp32 if by_trajectory else cast},
+        "prompt_replay": resident
+        | streaming
+        | {"held_gradients": held_at_close}
+        | closing
+        | {"replay_gradient": c * trained.replay, "temporaries": cast},
+        "barrier": resident
+        | {"accumulator": accumulator, "replica_grads": (c if replica else 4) * p},
+        "optimizer_step": resident
+        | {
+            "accumulator": accumulator,
+            "grads": master,
+            "step_transient": master
+            if layout.adamw_foreach
+            else 2 * _ceil_div(4 * trained.largest, shards),
+        },
+    }
+    for name, terms in phases.items():
+        if tuple(terms) != PHASES[name]:
+            raise AssertionError(f"phase {name}: terms {tuple(terms)} != {PHASES[name]}")
+    counts = {"parameters": shape.parameter_count, "trainable_parameters": p}
+    return MemoryEstimate(layout=layout, phases=phases, counts=counts)
+
+
+def check_learner_memory(shape: ModelShape, layout: LearnerLayout, gpu_bytes: int) -> None:
+    """Refuse a layout whose peak does not fit ``gpu_bytes``, naming every term in GB."""
+    estimate = memory_per_gpu(shape, layout)
+    if estimate.total_bytes > gpu_bytes:
+        raise ValueError(
+            f"the learner does not fit: {estimate.explain(gpu_bytes)}; options: fsdp2, more "
+            "learner ranks, a lower max_open_groups, grpo_release: group, shorter backwards"
+        )
+
+
+def fits(shape: ModelShape, layout: LearnerLayout, gpu_bytes: int) -> bool:
+    return memory_per_gpu(shape, layout).total_bytes <= gpu_bytes
+
+
+def _ceil_div(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+__all__ = [
+    "DTYPE_BYTES",
+    "GB",
+    "LORA_TARGETS",
+    "PHASES",
+    "LearnerLayout",
+    "LoraSpec",
+    "MemoryEstimate",
+    "ModelShape",
+    "check_learner_memory",
+    "fits",
+    "memory_per_gpu",
+]
