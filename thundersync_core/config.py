@@ -49,6 +49,9 @@ class LearnerResources(RoleResources):
     #: Learner ranks (Ray actors in one torch.distributed group: gloo on CPU, NCCL on GPU).
     #: ``num_cpus``, ``num_gpus`` and ``cores`` are divided evenly among them.
     ranks: int = Field(default=1, ge=1)
+    #: Memory of one learner GPU in GB: when set (GRPO), a layout the learner memory model
+    #: (``perfmodel/memory.py``) says does not fit is refused at start, naming every term.
+    gpu_memory_gb: float = Field(default=0.0, ge=0)
 
 
 class RolloutResources(RoleResources):

@@ -264,3 +264,40 @@ def test_a_fitting_layout_is_accepted():
     check_learner_memory(shape, layout, 80 * GB)
     assert fits(shape, layout, 80 * GB)
     assert not fits(shape, layout, 10 * GB)
+
+
+def test_a_config_whose_learner_does_not_fit_is_refused_at_start_naming_the_numbers(tmp_path):
+    import shutil  # noqa: PLC0415
+
+    from thundersync_core.config import TrainConfig  # noqa: PLC0415
+    from thundersync_core.perfmodel.memory import check_config_fits, layout_of  # noqa: PLC0415
+
+    folder = tmp_path / "qwen3-8b"
+    folder.mkdir()
+    hf_config = Path(__file__).parents[2] / "configs" / "hf" / "qwen3-8b.json"
+    shutil.copy(hf_config, folder / "config.json")
+    learner = {"num_gpus": 8, "ranks": 8, "gpu_memory_gb": 180}
+    config = TrainConfig(
+        learner_sharding="fsdp2",
+        learner_dtype="bfloat16",
+        max_open_groups=4,
+        group_size=8,
+        rollout={"max_total_tokens": 8192, "max_model_len": 9216, "max_tokens_per_turn": 512},
+        resources={"learner": learner},
+    )
+    layout = layout_of(config)
+    assert (layout.world_size, layout.sharding, layout.open_groups) == (8, "fsdp2", 4)
+    assert (layout.tokens_per_backward, layout.prefix_tokens) == (8192, 1023)
+    with pytest.raises(ValueError, match=r"gpu_memory_gb 180: the learner does not fit") as info:
+        check_config_fits(config, folder)
+    for term in ("group_statistics", "accumulator", "activations"):
+        assert term in str(info.value)
+    # Short backwards on a 1 TB device fit; so does any layout when no budget is given.
+    roomy = config.model_copy(
+        update={"resources": config.resources.model_copy(
+            update={"learner": config.resources.learner.model_copy(update={"gpu_memory_gb": 1000})}
+        )}
+    )  # fmt: skip
+    check_config_fits(roomy, folder)
+    unchecked = TrainConfig(resources={"learner": {"num_gpus": 8, "ranks": 8}})
+    check_config_fits(unchecked, folder)

@@ -534,6 +534,38 @@ def check_learner_memory(shape: ModelShape, layout: LearnerLayout, gpu_bytes: in
         )
 
 
+def layout_of(config: Any) -> LearnerLayout:
+    """The layout a GRPO ``TrainConfig`` gives a learner rank: its ranks, sharding, compute
+    dtype, open groups and release rule; a backward of ``learner_pack_tokens`` or of the
+    longest response (``rollout.max_total_tokens``), after a prompt of the rest of the
+    context (``rollout.max_model_len``): the longest the run may see."""
+    learner = config.resources.learner
+    rollout = config.rollout
+    return LearnerLayout(
+        world_size=learner.ranks,
+        sharding=config.learner_sharding if learner.ranks > 1 else "replicated",
+        compute_dtype=config.learner_dtype,
+        open_groups=config.max_open_groups,
+        release=config.grpo_release,
+        tokens_per_backward=max(config.learner_pack_tokens, rollout.max_total_tokens),
+        prefix_tokens=max(rollout.max_model_len - rollout.max_total_tokens - 1, 0),
+        group_size=config.group_size,
+    )
+
+
+def check_config_fits(config: Any, model_dir: str | Path) -> None:
+    """Refuse at start a GRPO run whose learner does not fit ``resources.learner.
+    gpu_memory_gb`` by the model (nothing is checked when that is 0, or for OPD)."""
+    budget = config.resources.learner.gpu_memory_gb
+    if not budget or config.objective != "grpo":
+        return
+    shape = ModelShape.from_hf_config(Path(model_dir) / "config.json")
+    try:
+        check_learner_memory(shape, layout_of(config), int(budget * GB))
+    except ValueError as exc:
+        raise ValueError(f"resources.learner.gpu_memory_gb {budget:g}: {exc}") from exc
+
+
 def fits(shape: ModelShape, layout: LearnerLayout, gpu_bytes: int) -> bool:
     return memory_per_gpu(shape, layout).total_bytes <= gpu_bytes
 
@@ -551,7 +583,9 @@ __all__ = [
     "LoraSpec",
     "MemoryEstimate",
     "ModelShape",
+    "check_config_fits",
     "check_learner_memory",
     "fits",
+    "layout_of",
     "memory_per_gpu",
 ]

@@ -151,8 +151,10 @@ def start_roles(
     roles once each answers, the first step and the checkpoint's state."""
     import ray  # noqa: PLC0415
 
+    from thundersync_core.perfmodel.memory import check_config_fits  # noqa: PLC0415
     from thundersync_core.schedules.base import Roles  # noqa: PLC0415
 
+    check_config_fits(config, policy_dir)  # before anything is reserved or loaded
     state: dict[str, Any] = {"step": 0, "policy_version": 0, "extra": {}}
     if checkpoint is not None:
         state = json.loads((checkpoint / "state.json").read_text())
