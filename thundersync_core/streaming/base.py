@@ -156,6 +156,7 @@ class LearnerBase:
         self._groups = dict(groups)
         self._done = {g: set() for g in groups}
         self._param_versions = [p._version for p in self.params]
+        self._grad_sum = []  # the last batch's is freed before this one's is allocated
         self._grad_sum = [torch.zeros_like(p, dtype=self.accum_dtype) for p in self.params]
         self._objective_sum = 0.0
         self._kl_sum = 0.0

@@ -178,6 +178,7 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         group.scores.append(score)
         if grads is not None:
             self._accumulate(group, grads, traj.reward - group.shift)
+        del grads  # not held through the close's combination
         if group.complete:
             self._close(traj.group_id)
 
@@ -239,9 +240,10 @@ class StreamingGRPOLearner(GRPOLearnerBase):
                     continue
                 if direct is None:
                     direct = grads
-                else:
-                    direct = [d if g is None else (g if d is None else d + g)
+                else:  # in place: the sum and one pack's gradient, never two sums
+                    direct = [d if g is None else (g if d is None else _add_into(d, g))
                               for d, g in zip(direct, grads, strict=True)]  # fmt: skip
+                del grads  # not held through the next pack's backward
             self._close(group_id, direct=direct)
 
     def _plan_packs(
@@ -456,6 +458,12 @@ def _combine(
             if g is not None:
                 acc.add_(g.to(dtype))
     return combined
+
+
+def _add_into(total: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``total + grad``, in place when ``total`` owns its memory (autograd may return an
+    expanded view, which cannot be written)."""
+    return total.add_(grad) if total.is_contiguous() else total + grad
 
 
 def _packs(trajs: list[Trajectory], pack_tokens: int) -> list[list[Trajectory]]:
