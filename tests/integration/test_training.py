@@ -373,6 +373,9 @@ def test_off_policy_schedules_record_bounded_staleness(
 ):
     if engine == "vllm" and not vllm_available():
         pytest.skip("vLLM is not installed")
+    # On vLLM the pipeline runs two engines: in-flight updates reach both, and the
+    # staleness bound holds over both.
+    engines = 2 if engine == "vllm" else 1
     config = train_config_file(
         tmp_path,
         tiny_prep_dir,
@@ -384,6 +387,7 @@ def test_off_policy_schedules_record_bounded_staleness(
         rollout__engine=engine,
         tasks__dev_tasks=2,
         tasks__dev_samples=1,
+        resources__rollout__engines=engines,
     )
     summary = train(load_config(config), tmp_path / "run")
     # The dev evaluation after training samples the last step's weights (the pipeline's
@@ -402,6 +406,13 @@ def test_off_policy_schedules_record_bounded_staleness(
             assert math.isfinite(record["reverse_kl"])
         else:
             assert record["reverse_kl"] is None
+        if engines > 1:
+            # Both engines sampled, each with versions the bound allows (the next batch may
+            # already have begun with the version this step made).
+            assert min(record["engine_requests"]) > 0, record["engine_requests"]
+            for versions in record["engine_versions"]:
+                assert versions, record["engine_versions"]
+                assert all(record["step"] - 1 <= v <= record["step"] + 1 for v in versions)
     if schedule == "async":
         # Batch k is sampled by theta_{k-1}: every token of steps 1 and 2 is one version old.
         assert set(records[1]["staleness_tokens"]) == {"1"}
