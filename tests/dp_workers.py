@@ -19,7 +19,11 @@ import torch.distributed as dist
 from tests.helpers import multi_turn_batch, random_batch
 from thundersync_core.batch import turns_of
 from thundersync_core.objectives.opd import split_by_turn
-from thundersync_core.parallel.data_parallel import init_process_group, stream_rank_share
+from thundersync_core.parallel.data_parallel import (
+    ShardedGradient,
+    init_process_group,
+    stream_rank_share,
+)
 from thundersync_core.parallel.dcp import load_group_checkpoint, save_group_checkpoint
 from thundersync_core.parallel.fsdp import build_train_state, load_sharded_state
 from thundersync_core.policy import build_model
@@ -218,6 +222,37 @@ def load_case(out: Path, dtype: torch.dtype) -> dict:
     return result
 
 
+def sharded_case(release: str) -> dict:
+    """One fsdp2 GRPO step with whole batch accumulators on every rank, and one with the batch
+    gradient sharded over the ranks (``ShardedGradient``, flushed after each group): the
+    gradients, the bytes each rank holds, the gradient norms and the updates."""
+    result: dict = {}
+    batch = grpo_batch(31)
+    for how in ("whole", "sharded"):
+        model = build_model("micro", seed=3, dtype=torch.float32)
+        before = full_params(model)
+        state = build_train_state(model, sharding="fsdp2", lr=LR)
+        learner = StreamingGRPOLearner(model, max_open_groups=2, release=release)  # type: ignore[arg-type]
+        if how == "sharded":
+            learner.sharded_grad = ShardedGradient(learner.params, dtype=learner.accum_dtype)
+        stream_rank(learner, batch, arrivals("grpo", batch, 5))
+        peak = learner.accumulator_bytes()
+        out = learner.finish()
+        result[f"{how}:bytes"] = peak
+        result[f"{how}:sharded"] = out.sharded
+        result[f"{how}:grads"] = {k: v.clone() for k, v in out.grad_objective.items()}
+        result[f"{how}:objective"] = out.objective
+        if how == "sharded":
+            norm = state.clip_shards(MAX_GRAD_NORM, out.grad_objective, -1.0)
+        else:
+            norm = state.clip(MAX_GRAD_NORM, out.grad_objective, -1.0)
+        state.apply()
+        result[f"{how}:norm"] = norm
+        after = {n: t.clone() for n, t in state._gathered()}
+        result[f"{how}:delta"] = {n: after[n] - before[n] for n in after}
+    return result
+
+
 def rank_main(rank: int, world: int, port: int, out_dir: str, cases: list[str]) -> None:
     torch.set_num_threads(1)
     init_process_group(
@@ -238,6 +273,8 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, cases: list[str]) 
                 result = refusal_case()
             elif kind == "checkpoint":
                 result = checkpoint_case(out)
+            elif kind == "sharded":
+                result = sharded_case(args[0])
             elif kind == "load":
                 result = load_case(out, torch.bfloat16 if args[0] == "bf16" else torch.float32)
             else:

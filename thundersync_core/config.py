@@ -230,6 +230,11 @@ class TrainConfig(_Strict):
     #: and optimizer on every rank; ``fsdp2`` shards master weights, gradients and optimizer
     #: state with FSDP2 beside a full compute replica (see ``parallel/fsdp.py``).
     learner_sharding: Literal["replicated", "fsdp2"] = "replicated"
+    #: GRPO over fsdp2 ranks: the batch gradient held 1/W per rank (each rank's rows of its
+    #: FSDP2 shards) instead of whole on every rank; the ranks reduce-scatter what their
+    #: closed groups added after each group's last trajectory (in step: a rank may wait
+    #: there for the others). Saves 4 (W-1)/W bytes per parameter on every rank.
+    learner_sharded_gradient: bool = False
     #: The learner's compute dtype; ``bfloat16`` is mixed precision: the forward and
     #: backward run on a bfloat16 replica, the accumulators, master weights and optimizer
     #: stay float32 (at one rank and at several, either sharding).
@@ -248,6 +253,15 @@ class TrainConfig(_Strict):
             raise ValueError(
                 "rollout.publication: collective publishes between batches; the pipeline's "
                 "in-flight updates use file"
+            )
+        if self.learner_sharded_gradient and (
+            self.objective != "grpo"
+            or self.learner_sharding != "fsdp2"
+            or self.resources.learner.ranks < 2
+        ):
+            raise ValueError(
+                "learner_sharded_gradient shards GRPO's batch gradient over fsdp2 ranks: it "
+                "needs objective: grpo, learner_sharding: fsdp2 and resources.learner.ranks >= 2"
             )
         if self.learner_order == "fixed" and self.objective != "grpo":
             raise ValueError(

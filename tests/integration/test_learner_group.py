@@ -42,7 +42,8 @@ def ray_session():
         ray.shutdown()
 
 
-def config_for(ranks: int) -> TrainConfig:
+def config_for(ranks: int, *, sharded: bool = False) -> TrainConfig:
+    """``sharded``: fsdp2 ranks holding the batch gradient 1/W each (flushed per group)."""
     learner = LearnerResources(num_cpus=1.0, cores=(), ranks=ranks)
     return TrainConfig(
         objective="grpo",
@@ -50,11 +51,16 @@ def config_for(ranks: int) -> TrainConfig:
         loss_agg="seq-sum",
         lr=LR,
         max_open_groups=2,
+        learner_sharding="fsdp2" if sharded else "replicated",
+        learner_sharded_gradient=sharded,
         resources=ResourcesConfig(learner=learner, learner_peak_flops=1e9),
     )
 
 
-def test_two_rank_group_takes_the_single_process_step(ray_session, micro_model_dir, tmp_path):
+@pytest.mark.parametrize("sharded", [False, True], ids=["whole-accumulators", "sharded-gradient"])
+def test_two_rank_group_takes_the_single_process_step(
+    ray_session, micro_model_dir, tmp_path, sharded
+):
     ray = ray_session
     batch = random_batch(seed=17, vocab=1024, n_groups=3, group_size=3)
     groups = {g: (spec.prompt_ids, spec.size) for g, spec in groups_of(batch).items()}
@@ -65,14 +71,22 @@ def test_two_rank_group_takes_the_single_process_step(ray_session, micro_model_d
         single.submit(traj, None)
     expected = single.step(0)
 
-    group_role = config_for(2).resources.learner.model_copy(update={"num_cpus": 0.0})
+    two = config_for(2, sharded=sharded)
+    group_role = two.resources.learner.model_copy(update={"num_cpus": 0.0})
     group = remote_role(LearnerGroup, group_role).remote(
-        micro_model_dir, config_for(2), publish_dir=tmp_path / "group", timeout_s=60.0
+        micro_model_dir, two, publish_dir=tmp_path / "group", timeout_s=60.0
     )
     assert ray.get(group.begin.remote(groups)) == 0
     for traj in reversed(batch):  # another arrival order: the sum is order-free
         group.submit.remote(traj, None)
     got = ray.get(group.step.remote(0), timeout=120)
+    # The batch gradient each rank holds: whole, or its half of the rows when sharded.
+    held = [b["accumulators"] for b in ray.get(group.state_bytes.remote())]
+    whole = single.learner.accumulator_bytes()
+    if sharded:
+        assert all(0 < b <= whole / 2 * 1.05 for b in held), (held, whole)
+    else:
+        assert held == [whole, whole]
 
     assert got["policy_version"] == expected["policy_version"] == 1
     assert got["n_sources"] == expected["n_sources"] == len(batch)

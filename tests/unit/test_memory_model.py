@@ -236,6 +236,108 @@ def test_state_terms_equal_the_learners_byte_counters(compute_dtype, release):
     assert state.state_bytes()["optimizer"] == backward["optimizer"]
 
 
+def _live_gradient_bytes(
+    monkeypatch: pytest.MonkeyPatch, learner: StreamingGRPOLearner
+) -> dict[str, list[int]]:
+    """Bytes of the learner's backward gradients still alive (held by the learner, not by
+    this probe: weak references) as each backward starts and as each close starts."""
+    import weakref  # noqa: PLC0415
+
+    returned: list[weakref.ref[torch.Tensor]] = []
+    seen: dict[str, list[int]] = {"backward": [], "close": []}
+    closing = False
+    grad, close = torch.autograd.grad, learner._close
+
+    def live() -> int:
+        return sum(t.numel() * t.element_size() for ref in returned if (t := ref()) is not None)
+
+    def tracked_grad(*args, **kwargs):
+        if closing:  # the prompt replay's, not a backward's
+            return grad(*args, **kwargs)
+        seen["backward"].append(live())
+        grads = grad(*args, **kwargs)
+        returned.extend(weakref.ref(g) for g in grads if g is not None)
+        return grads
+
+    def tracked_close(*args, **kwargs):
+        nonlocal closing
+        seen["close"].append(live())
+        closing = True
+        try:
+            return close(*args, **kwargs)
+        finally:
+            closing = False
+
+    monkeypatch.setattr(torch.autograd, "grad", tracked_grad)
+    monkeypatch.setattr(learner, "_close", tracked_close)
+    return seen
+
+
+@pytest.mark.parametrize("release", ["trajectory", "group"])
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_held_gradients_equal_what_the_learner_keeps_alive(monkeypatch, compute_dtype, release):
+    model = build_model("micro", seed=1)
+    dtype = torch.bfloat16 if compute_dtype == "bfloat16" else None
+    state = build_train_state(model, sharding="replicated", lr=1e-3, compute_dtype=dtype)
+    learner = StreamingGRPOLearner(state.model, max_open_groups=1, release=release)
+    prompt = tuple(range(1, 10))
+    group = [
+        # Rewards 0, 1, 4: no advantage is 0, so every trajectory takes a backward.
+        Trajectory("g0", f"g0-t{i}", prompt, (Segment.action([7 + i, 8, 9, 10]),), i * i)
+        for i in range(3)
+    ]
+    layout = LearnerLayout(
+        compute_dtype=compute_dtype,
+        open_groups=1,
+        release=release,
+        tokens_per_backward=5,
+        prefix_tokens=8,
+        group_size=3,
+    )
+    estimate = memory_per_gpu(ModelShape.from_hf_config(model.config), layout)
+    held = estimate.phases["backward"]["held_gradients"]
+    seen = _live_gradient_bytes(monkeypatch, learner)
+    learner.begin_batch({"g0": GroupSpec(prompt, 3)})
+    for traj in group:
+        learner.submit(traj)
+    # release="group" sums in place into the first backward's gradient: one gradient held
+    # from the second backward on, never two; the per-trajectory path holds none, not even
+    # the closing trajectory's at its close.
+    assert seen["backward"] == [0, held, held]
+    assert seen["close"] == [estimate.phases["group_close"]["held_gradients"]]
+    assert seen["close"] == [estimate.phases["prompt_replay"]["held_gradients"]]
+    assert (held > 0) == (release == "group")
+
+
+def test_begin_batch_frees_the_last_accumulator_before_allocating_the_next(monkeypatch):
+    import weakref  # noqa: PLC0415
+
+    learner = StreamingGRPOLearner(build_model("micro", seed=1), max_open_groups=1)
+    group = _group(prompt_tokens=9)
+    learner.begin_batch({"g0": GroupSpec(group[0].prompt_ids, 2)})
+    for traj in group:
+        learner.submit(traj)
+    learner.finish()
+    last = [weakref.ref(t) for t in learner._grad_sum]
+    alive_at_allocation: list[int] = []
+    zeros_like = torch.zeros_like
+
+    def tracked_zeros_like(*args, **kwargs):
+        alive_at_allocation.append(sum(ref() is not None for ref in last))
+        return zeros_like(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros_like", tracked_zeros_like)
+    learner.begin_batch({"g1": GroupSpec(group[0].prompt_ids, 2)})
+    monkeypatch.undo()
+    assert alive_at_allocation
+    assert set(alive_at_allocation) == {0}
+    estimate = memory_per_gpu(
+        ModelShape.from_hf_config(learner.model.config), LearnerLayout(compute_dtype="float32")
+    )
+    assert estimate.phases["begin_batch"]["accumulator"] == learner.accumulator_bytes()
+    assert "accumulator_next" not in estimate.phases["begin_batch"]
+
+
 # -- the refusal -------------------------------------------------------------------------------
 def test_an_8b_layout_on_a_small_budget_is_refused_naming_every_term():
     shape = ModelShape.from_hf_config(HF_CONFIGS / "qwen3-8b.json")

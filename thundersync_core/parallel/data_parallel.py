@@ -19,7 +19,7 @@ arrival order. Every later source of the group (OPD: every turn) follows it ther
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -45,7 +45,7 @@ class ProcessGroupReducer:
         for grad in grads:
             dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=self.group)
         names = sorted(scalars)
-        device = grads[0].device if grads else torch.device("cpu")
+        device = grads[0].device if grads else _collective_device(self.group)
         values_S = torch.tensor([scalars[n] for n in names], dtype=SCALAR_DTYPE, device=device)
         dist.all_reduce(values_S, op=dist.ReduceOp.SUM, group=self.group)
         return dict(zip(names, values_S.tolist(), strict=True))
@@ -56,6 +56,100 @@ class ProcessGroupReducer:
         flags_W[dist.get_rank(self.group)] = int(refused)
         dist.all_reduce(flags_W, op=dist.ReduceOp.SUM, group=self.group)
         return [rank for rank, flag in enumerate(flags_W.tolist()) if flag]
+
+
+def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where a tensor must live for a collective of ``group`` (NCCL: this rank's GPU)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def shard_rows(n: int, world: int, rank: int) -> tuple[int, int]:
+    """Rows [start, stop) of a dimension of ``n`` that ``rank`` holds: torch.chunk's split,
+    which is FSDP2's ``Shard(0)`` (the last ranks' chunks may be shorter, or empty)."""
+    size = -(-n // world)
+    start = min(rank * size, n)
+    return start, min(start + size, n)
+
+
+class ShardedGradient:
+    """The batch gradient held 1/W per rank, in FSDP2's ``Shard(0)`` layout.
+
+    A rank adds its contributions (closed groups, as the learner makes them) to a pending
+    whole buffer; ``flush``, called by every rank at the same points of the batch (after
+    each group's last source), reduce-scatters the pending buffers into the shards and
+    frees them, one parameter at a time. Between flushes a rank holds its shards, and a
+    pending gradient only while a contribution waits for the next flush; never the whole
+    batch gradient. The sum is the batch gradient of every rank's groups, exactly as the
+    whole accumulators' all-reduce at the barrier (up to the order of the float sums).
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.dtype = dtype
+        self.shapes = [tuple(p.shape) for p in params]
+        if any(len(shape) == 0 for shape in self.shapes):
+            raise ValueError("a sharded gradient needs parameters of at least one dimension")
+        self.device = params[0].device
+        self.shards: list[torch.Tensor] = []
+        self.pending: list[torch.Tensor | None] | None = None
+        self.flushes = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """A new batch: zero shards, nothing pending."""
+        self.shards = []
+        for shape in self.shapes:
+            start, stop = shard_rows(shape[0], self.world, self.rank)
+            rows = (stop - start, *shape[1:])
+            self.shards.append(torch.zeros(rows, dtype=self.dtype, device=self.device))
+        self.pending = None
+        self.flushes = 0
+
+    def add(self, grads: Sequence[torch.Tensor | None], coeff: float = 1.0) -> None:
+        if self.pending is None:
+            self.pending = [None] * len(self.shapes)
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            current = self.pending[i]
+            if current is None:
+                self.pending[i] = g.detach().to(self.dtype).mul(coeff)
+            else:
+                current.add_(g.to(self.dtype), alpha=coeff)
+
+    def flush(self) -> None:
+        """Every rank calls, at the same points: the pending buffers, summed over ranks,
+        join the shards (a rank with nothing pending sends zeros)."""
+        pending = self.pending
+        self.pending = None
+        for i, shape in enumerate(self.shapes):
+            size = -(-shape[0] // self.world)
+            dtype, device = self.dtype, self.device
+            full = torch.zeros((size * self.world, *shape[1:]), dtype=dtype, device=device)
+            grad = pending[i] if pending is not None else None
+            if grad is not None:
+                full[: shape[0]].copy_(grad)
+                pending[i] = None  # type: ignore[index]
+            del grad
+            out = torch.empty((size, *shape[1:]), dtype=dtype, device=device)
+            dist.reduce_scatter_tensor(out, full, group=self.group)
+            del full
+            self.shards[i].add_(out[: self.shards[i].shape[0]])
+        self.flushes += 1
+
+    def nbytes(self) -> int:
+        held = [*self.shards, *(t for t in self.pending or [] if t is not None)]
+        return sum(t.numel() * t.element_size() for t in held)
 
 
 @dataclass
@@ -108,7 +202,10 @@ def stream_rank_share(
     For a process that sees the whole batch (benchmarks, checks, tests): every rank runs
     the same assigner over the same arrival order, so the ranks agree on the split without
     talking. ``forced`` pins groups to ranks. Returns this rank's groups in arrival order.
+    A learner with a sharded gradient flushes it on every rank after each group's last
+    trajectory (GRPO), as the learner group does.
     """
+    routed: dict[str, int] = {}
     assigner = GroupAssigner(world_size)
     assigner.rank_of.update(forced or {})
     learner.reducer = ProcessGroupReducer()
@@ -117,15 +214,17 @@ def stream_rank_share(
     for source in sources:
         gid = source.group_id
         owner, _ = assigner.assign(gid, predicted_tokens(source), specs[gid].size)
-        if owner != rank:
-            continue
-        if gid not in mine:
-            mine.append(gid)
-            learner.add_groups({gid: specs[gid]})
-        if isinstance(source, Turn):
-            learner.submit_turn(source)  # type: ignore[attr-defined]
-        else:
-            learner.submit(source)  # type: ignore[attr-defined]
+        if owner == rank:
+            if gid not in mine:
+                mine.append(gid)
+                learner.add_groups({gid: specs[gid]})
+            if isinstance(source, Turn):
+                learner.submit_turn(source)  # type: ignore[attr-defined]
+            else:
+                learner.submit(source)  # type: ignore[attr-defined]
+        routed[gid] = routed.get(gid, 0) + 1
+        if learner.sharded_grad is not None and routed[gid] == specs[gid].size:
+            learner.sharded_grad.flush()
     return mine
 
 
@@ -149,8 +248,10 @@ def default_backend() -> str:
 __all__ = [
     "GroupAssigner",
     "ProcessGroupReducer",
+    "ShardedGradient",
     "default_backend",
     "init_process_group",
     "predicted_tokens",
+    "shard_rows",
     "stream_rank_share",
 ]

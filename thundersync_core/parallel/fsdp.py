@@ -283,6 +283,30 @@ class ShardedState:
         norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), max_grad_norm)
         return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
+    def clip_shards(
+        self, max_grad_norm: float, shards: Mapping[str, torch.Tensor], sign: float = 1.0
+    ) -> float:
+        """As ``clip``, from a sharded batch gradient: this rank's rows of each reduced
+        gradient (``parallel.data_parallel.ShardedGradient``) are its master shards' own."""
+        for name, replica_p, master_p in self.pairs:
+            assert isinstance(master_p, DTensor)
+            local = shards[name]
+            if local.shape != master_p.to_local().shape:
+                raise RuntimeError(
+                    f"rank {_rank()}: gradient shard of {name!r} is {tuple(local.shape)}, the "
+                    f"parameter shard {tuple(master_p.to_local().shape)}"
+                )
+            master_p.grad = DTensor.from_local(
+                (sign * local).to(torch.float32),
+                self.mesh,
+                master_p.placements,
+                shape=master_p.shape,
+                stride=master_p.stride(),
+            )
+            replica_p.grad = None
+        norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), max_grad_norm)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
     def apply(self) -> None:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -22,11 +22,15 @@ Terms, as the code holds them (``parallel/fsdp.py``, ``streaming/base.py``,
     group_statistics    8 k (P+K)  x1 and x2 in float32 per open group (release="trajectory")
     prompt_graphs       k A_p      each open group's prompt forward, kept for its one replay
                                    (one group at a time with release="group")
-    held_gradients      c (P+K) m  release="group" sums its gradients: the sum and the last
-                                   backward's are held (m = min(size - 1, 2); 1 at the close)
+    held_gradients      c (P+K)    release="group": the running sum of the group's backwards,
+                                   added into in place; live during every backward but the
+                                   first (group size >= 2) and through the close. With packs
+                                   and release="trajectory": the closing pack's gradient,
+                                   through the close (not during a backward)
     activations         A          what a backward holds besides its gradient, at its peak
-    transient_gradient  c (P+K)    a backward's gradient as autograd returns it (in the
-                                   backward phase: what exists of it at the peak)
+    transient_gradient  c (P+K)    a backward's gradient as autograd returns it, what exists
+                                   of it at the backward's peak; the per-trajectory path
+                                   frees it once it is in the statistics, before a close
     combination         4 (P+K)    a x1 + b x2 (with release="group": the sum) at a close
     temporaries         8 X        a x1 and b x2 of the largest tensor while they are summed;
                                    4 X for a float32 cast of a lower-precision gradient
@@ -40,12 +44,12 @@ Terms, as the code holds them (``parallel/fsdp.py``, ``streaming/base.py``,
 
 Phases (resident = base + replica + master + optimizer; base is LoRA's frozen model, c P):
 
-    begin_batch     resident + accumulator + accumulator_next   a reused learner allocates
-                                                                the new one before the old goes
+    begin_batch     resident + accumulator        a reused learner frees the last batch's
+                                                  accumulator before it allocates this one's
     backward        resident + accumulator + group_statistics + prompt_graphs
                     + held_gradients + activations + transient_gradient
     group_close     resident + accumulator + group_statistics + prompt_graphs
-                    + held_gradients + transient_gradient + combination + temporaries
+                    + held_gradients + combination + temporaries
     prompt_replay   the same with replay_gradient (and its float32 cast) for the temporaries
     barrier         resident + accumulator + replica_grads
     optimizer_step  resident + accumulator + grads + step_transient
@@ -79,10 +83,12 @@ combination and its temporaries by W.
 Not modelled: allocator caching and fragmentation on the GPU, CUDA context and NCCL
 buffers, the load at start-up (the float32 model and its copy), pack rows (a pack of B rows
 repeats the prompt's keys B times), ``learner_order="fixed"`` (one gradient per arrived
-trajectory), gradient checkpointing (the learner does not use it). LoRA is predicted, not
-built: a frozen base in the compute dtype, the adapters trained like the full model above,
-and full fine-tuning's activations plus one rank-r activation per adapted projection (an
-upper bound: a frozen norm weight does not need its normalised input kept).
+trajectory), the float32 cast of one lower-precision gradient tensor as it enters the
+statistics (4 X, once the backward's activations are freed), gradient checkpointing (the
+learner does not use it). LoRA is predicted, not built: a frozen base in the compute dtype,
+the adapters trained like the full model above, and full fine-tuning's activations plus one
+rank-r activation per adapted projection (an upper bound: a frozen norm weight does not
+need its normalised input kept).
 
 Pure Python: nothing here imports torch.
 """
@@ -106,23 +112,10 @@ _RESIDENT = ("base", "replica", "master", "optimizer")
 _STREAMING = ("accumulator", "group_statistics", "prompt_graphs", "held_gradients")
 #: The terms live in each phase (module docstring).
 PHASES: dict[str, tuple[str, ...]] = {
-    "begin_batch": (*_RESIDENT, "accumulator", "accumulator_next"),
+    "begin_batch": (*_RESIDENT, "accumulator"),
     "backward": (*_RESIDENT, *_STREAMING, "activations", "transient_gradient"),
-    "group_close": (
-        *_RESIDENT,
-        *_STREAMING,
-        "transient_gradient",
-        "combination",
-        "temporaries",
-    ),
-    "prompt_replay": (
-        *_RESIDENT,
-        *_STREAMING,
-        "transient_gradient",
-        "combination",
-        "replay_gradient",
-        "temporaries",
-    ),
+    "group_close": (*_RESIDENT, *_STREAMING, "combination", "temporaries"),
+    "prompt_replay": (*_RESIDENT, *_STREAMING, "combination", "replay_gradient", "temporaries"),
     "barrier": (*_RESIDENT, "accumulator", "replica_grads"),
     "optimizer_step": (*_RESIDENT, "accumulator", "grads", "step_transient"),
 }
@@ -336,6 +329,9 @@ class LearnerLayout:
     #: A group's prompt but its last token: forwarded once per open group, kept for replay.
     prefix_tokens: int = 0
     group_size: int = 8
+    #: The learner runs packs (``TrainConfig.packs``): a closing pack's gradient is held
+    #: through its group's close.
+    packs: bool = False
     lora: LoraSpec | None = None
     #: A projection, not built: the accumulator, the statistics and a close's combination
     #: held 1/W per rank.
@@ -359,11 +355,13 @@ class LearnerLayout:
 
     def describe(self) -> str:
         lora = f" lora r={self.lora.rank}" if self.lora else ""
+        packs = " packs" if self.packs else ""
         projected = " sharded streaming state (projection)" if self.sharded_streaming_state else ""
         groups = f"k={self.open_groups}" if self.release == "trajectory" else "one group"
         return (
             f"W={self.world_size} {self.sharding} {self.compute_dtype} release={self.release} "
-            f"{groups} T={self.tokens_per_backward} T_p={self.prefix_tokens}{lora}{projected}"
+            f"{groups} T={self.tokens_per_backward} T_p={self.prefix_tokens}{packs}{lora}"
+            f"{projected}"
         )
 
 
@@ -483,27 +481,26 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
         "group_statistics": groups * _ceil_div(8 * streamed, spread) if by_trajectory else 0,
         "prompt_graphs": groups * shape.prompt_graph_bytes(c, layout.prefix_tokens),
     }
-    held = 0 if by_trajectory else c * streamed * min(layout.group_size - 1, 2)
-    held_at_close = 0 if by_trajectory else c * streamed * min(layout.group_size - 1, 1)
     transient = c * streamed
-    closing = {"transient_gradient": transient, "combination": _ceil_div(4 * streamed, spread)}
+    # release="group" adds each backward's gradient into the first one's, in place.
+    held = 0 if by_trajectory or layout.group_size < 2 else transient
+    held_at_close = 0 if by_trajectory and not layout.packs else transient
+    closing = {"held_gradients": held_at_close, "combination": _ceil_div(4 * streamed, spread)}
     largest_fp32 = 4 * _ceil_div(trained.largest, spread)
     # A float32 copy of a lower-precision gradient tensor as it is added to float32 sums.
     cast = largest_fp32 if c != 4 else 0
     phases = {
-        "begin_batch": resident | {"accumulator": accumulator, "accumulator_next": accumulator},
+        "begin_batch": resident | {"accumulator": accumulator},
         "backward": resident
         | streaming
         | {"held_gradients": held}
         | _backward(shape, layout, c, transient, trained.tied),
         "group_close": resident
         | streaming
-        | {"held_gradients": held_at_close}
         | closing
         | {"temporaries": 2 * largest_fp32 if by_trajectory else cast},
         "prompt_replay": resident
         | streaming
-        | {"held_gradients": held_at_close}
         | closing
         | {"replay_gradient": c * trained.replay, "temporaries": cast},
         "barrier": resident
@@ -536,9 +533,10 @@ def check_learner_memory(shape: ModelShape, layout: LearnerLayout, gpu_bytes: in
 
 def layout_of(config: Any) -> LearnerLayout:
     """The layout a GRPO ``TrainConfig`` gives a learner rank: its ranks, sharding, compute
-    dtype, open groups and release rule; a backward of ``learner_pack_tokens`` or of the
-    longest response (``rollout.max_total_tokens``), after a prompt of the rest of the
-    context (``rollout.max_model_len``): the longest the run may see."""
+    dtype, open groups, release rule and whether it runs packs; a backward of
+    ``learner_pack_tokens`` or of the longest response (``rollout.max_total_tokens``), after
+    a prompt of the rest of the context (``rollout.max_model_len``): the longest the run may
+    see."""
     learner = config.resources.learner
     rollout = config.rollout
     return LearnerLayout(
@@ -550,6 +548,7 @@ def layout_of(config: Any) -> LearnerLayout:
         tokens_per_backward=max(config.learner_pack_tokens, rollout.max_total_tokens),
         prefix_tokens=max(rollout.max_model_len - rollout.max_total_tokens - 1, 0),
         group_size=config.group_size,
+        packs=config.packs,
     )
 
 

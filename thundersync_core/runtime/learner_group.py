@@ -32,6 +32,7 @@ from thundersync_core.config import LearnerResources, TrainConfig
 from thundersync_core.parallel.data_parallel import (
     GroupAssigner,
     ProcessGroupReducer,
+    ShardedGradient,
     init_process_group,
     predicted_tokens,
 )
@@ -128,6 +129,10 @@ class LearnerRank(LearnerWorker):
             version = int(record["policy_version"])
         self.learner = build_learner(self.config, model, version)
         self.learner.reducer = ProcessGroupReducer()
+        if self.config.learner_sharded_gradient:
+            self.learner.sharded_grad = ShardedGradient(
+                self.learner.params, dtype=self.learner.accum_dtype
+            )
         self._start_accounting()
         return version
 
@@ -135,6 +140,12 @@ class LearnerRank(LearnerWorker):
         from thundersync_core.streaming.base import GroupSpec  # noqa: PLC0415
 
         self._guarded(lambda s: self.learner.add_groups({group_id: GroupSpec(*s)}), spec)
+
+    def flush(self) -> None:
+        """Every rank, after a group's last trajectory: the sharded batch gradient takes
+        what the closed groups added (a collective; a rank that refused sends zeros)."""
+        assert self.learner.sharded_grad is not None
+        self.learner.sharded_grad.flush()
 
     def refusal(self) -> str | None:
         """The first refusal recorded while sources streamed in (checked before the barrier)."""
@@ -226,6 +237,10 @@ class LearnerGroup:
             raise LearnerRefusal(f"learner ranks resumed at different versions: {versions}")
         self.assigner = GroupAssigner(world)
         self._groups: dict[str, tuple[tuple[int, ...], int]] = {}
+        #: Trajectories routed per group in this batch (a sharded gradient is flushed by
+        #: every rank after each group's last).
+        self._routed: dict[str, int] = {}
+        self._flush = config.learner_sharded_gradient
         self._error: str | None = None
 
     def pid(self) -> int:
@@ -244,6 +259,7 @@ class LearnerGroup:
     def begin(self, groups: dict[str, tuple[tuple[int, ...], int]]) -> int:
         self.assigner.reset()
         self._groups = dict(groups)
+        self._routed = {}
         self._error = None
         versions = _get_all([r.begin.remote({}) for r in self.ranks])
         return int(versions[0])
@@ -252,6 +268,10 @@ class LearnerGroup:
         rank = self._route(traj)
         if rank is not None:
             rank.submit.remote(traj, release_s)
+            self._routed[traj.group_id] = self._routed.get(traj.group_id, 0) + 1
+            if self._flush and self._routed[traj.group_id] == self._groups[traj.group_id][1]:
+                for each in self.ranks:  # queued behind each rank's sources, in this order
+                    each.flush.remote()
 
     def submit_turn(self, scored: tuple[Turn, float]) -> None:
         rank = self._route(scored[0])

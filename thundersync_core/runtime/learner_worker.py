@@ -349,9 +349,13 @@ class LearnerWorker:
             raise LearnerRefusal(f"step {step}: {exc}") from None
         if not math.isfinite(result.objective):
             raise LearnerRefusal(f"step {step}: the batch loss is {result.objective} (not finite)")
-        grad_norm = self.state.clip(
-            self.config.max_grad_norm, result.grad_objective, -1.0 if self.learner.maximise else 1.0
-        )
+        sign = -1.0 if self.learner.maximise else 1.0
+        if result.sharded:  # the ranks' sharded batch gradient: FSDP2's master shards
+            grad_norm = self.state.clip_shards(  # type: ignore[attr-defined]
+                self.config.max_grad_norm, result.grad_objective, sign
+            )
+        else:
+            grad_norm = self.state.clip(self.config.max_grad_norm, result.grad_objective, sign)
         if not math.isfinite(grad_norm):
             raise LearnerRefusal(f"step {step}: the gradient norm is {grad_norm} (not finite)")
         self.state.apply()

@@ -64,6 +64,20 @@ class BatchResult:
     #: OPD: the mean over scored tokens of log pi - q (the sampled reverse KL to the
     #: teacher, at the weights the gradient was taken at); None for GRPO.
     reverse_kl: float | None = None
+    #: True when ``grad_objective`` holds this rank's ``Shard(0)`` rows of each gradient
+    #: (a sharded batch gradient), not whole tensors; ``p.grad`` is then left unset.
+    sharded: bool = False
+
+
+class GradientShards(Protocol):
+    """A batch gradient held as shards over ranks (``parallel.data_parallel.ShardedGradient``)."""
+
+    shards: list[torch.Tensor]
+
+    def reset(self) -> None: ...
+    def add(self, grads: Sequence[torch.Tensor | None], coeff: float = 1.0) -> None: ...
+    def flush(self) -> None: ...
+    def nbytes(self) -> int: ...
 
 
 class BarrierReducer(Protocol):
@@ -128,6 +142,9 @@ class LearnerBase:
         #: Sums the batch over learner ranks at the barrier (None: one process); set by
         #: the data-parallel layer after construction.
         self.reducer: BarrierReducer | None = None
+        #: The batch gradient as shards over the ranks (set with ``reducer``): contributions
+        #: go to it instead of the whole accumulator, flushed in step by every rank.
+        self.sharded_grad: GradientShards | None = None
         self._global_groups: int | None = None
         #: Importance-weight statistics of the current batch (off-policy learners).
         self.is_stats = {"tokens": 0, "weight_sum": 0.0, "clipped": 0}
@@ -157,7 +174,10 @@ class LearnerBase:
         self._done = {g: set() for g in groups}
         self._param_versions = [p._version for p in self.params]
         self._grad_sum = []  # the last batch's is freed before this one's is allocated
-        self._grad_sum = [torch.zeros_like(p, dtype=self.accum_dtype) for p in self.params]
+        if self.sharded_grad is not None:
+            self.sharded_grad.reset()
+        else:
+            self._grad_sum = [torch.zeros_like(p, dtype=self.accum_dtype) for p in self.params]
         self._objective_sum = 0.0
         self._kl_sum = 0.0
         self._n_scored_tokens = 0
@@ -190,14 +210,20 @@ class LearnerBase:
             self._check_barrier()
         else:
             self._agree_on_barrier(self.reducer)
+            if self.sharded_grad is not None:
+                self.sharded_grad.flush()  # the last contributions; every rank flushes here
             self._reduce_over_ranks(self.reducer)
         scale = self._scale()
         sign = -1.0 if self.maximise else 1.0
         grads = {}
-        for (name, p), acc in zip(self.named_params, self._grad_sum, strict=True):
-            acc.mul_(scale)
-            grads[name] = acc
-            p.grad = (sign * acc).to(p.dtype)
+        if self.sharded_grad is not None:
+            for (name, _), shard in zip(self.named_params, self.sharded_grad.shards, strict=True):
+                grads[name] = shard.mul_(scale)
+        else:
+            for (name, p), acc in zip(self.named_params, self._grad_sum, strict=True):
+                acc.mul_(scale)
+                grads[name] = acc
+                p.grad = (sign * acc).to(p.dtype)
         self._in_batch = False
         return BatchResult(
             objective=scale * self._objective_sum,
@@ -210,6 +236,7 @@ class LearnerBase:
             reverse_kl=(
                 self._kl_sum / max(self._n_scored_tokens, 1) if self.tracks_reverse_kl else None
             ),
+            sharded=self.sharded_grad is not None,
         )
 
     def _add_opd_terms(self, loss: torch.Tensor, log_ratio: torch.Tensor) -> None:
@@ -302,14 +329,20 @@ class LearnerBase:
         return self._in_batch
 
     def gradient_so_far(self) -> list[torch.Tensor]:
-        """The unscaled gradient accumulated in this batch so far (copies)."""
+        """The unscaled gradient accumulated in this batch so far (copies; this rank's flushed
+        shards when the gradient is sharded)."""
+        if self.sharded_grad is not None:
+            return [shard.clone() for shard in self.sharded_grad.shards]
         return [acc.clone() for acc in self._grad_sum]
 
     def counters_so_far(self) -> dict[str, int]:
         return self._counters()
 
     def accumulator_bytes(self) -> int:
-        """Bytes of the batch gradient accumulator (one per trainable parameter)."""
+        """Bytes of the batch gradient accumulator (one per trainable parameter; this rank's
+        shards and what waits for the next flush when the gradient is sharded)."""
+        if self.sharded_grad is not None:
+            return self.sharded_grad.nbytes()
         return sum(acc.numel() * acc.element_size() for acc in self._grad_sum)
 
     # -- checks ----------------------------------------------------------------------------
@@ -403,6 +436,9 @@ class LearnerBase:
                 )
 
     def _add_grads(self, grads: Sequence[torch.Tensor | None], coeff: float = 1.0) -> None:
+        if self.sharded_grad is not None:
+            self.sharded_grad.add(grads, coeff)
+            return
         for acc, g in zip(self._grad_sum, grads, strict=True):
             if g is not None:
                 acc.add_(g.to(self.accum_dtype), alpha=coeff)
