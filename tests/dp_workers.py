@@ -253,6 +253,35 @@ def sharded_case(release: str) -> dict:
     return result
 
 
+def run_ranks(world: int, out: Path, cases: list[str], timeout_s: float = 240) -> dict:
+    """Spawn ``world`` gloo ranks running ``cases``; {case: [rank 0's result, ...]}. A rank
+    that fails raises here with its trace; ranks still running after ``timeout_s`` fail."""
+    import socket  # noqa: PLC0415
+
+    import pytest  # noqa: PLC0415
+    import torch.multiprocessing as mp  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    context = mp.start_processes(
+        rank_main, args=(world, port, str(out), cases), nprocs=world, join=False,
+        start_method="spawn",
+    )  # fmt: skip
+    # join(timeout) returns False while ranks run; a failed rank raises here with its trace.
+    for _ in range(int(timeout_s // 10)):
+        if context.join(timeout=10):
+            break
+    else:
+        for process in context.processes:
+            process.kill()
+        pytest.fail(f"the {world} learner ranks did not finish within {timeout_s:.0f} s")
+    return {
+        case: [torch.load(out / f"{case.replace(':', '_')}-rank{r}.pt") for r in range(world)]
+        for case in cases
+    }
+
+
 def rank_main(rank: int, world: int, port: int, out_dir: str, cases: list[str]) -> None:
     torch.set_num_threads(1)
     init_process_group(

@@ -15,11 +15,8 @@ than one backward (measured ~1e-6, as in the one-process exactness tests).
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from tests import dp_workers
@@ -49,36 +46,11 @@ UPDATE_CASES = ["update:replicated:fp32", "update:fsdp2:fp32", "update:fsdp2:bf1
 CASES = [*GRAD_CASES, *UPDATE_CASES, "refusal", "checkpoint", "load:fp32", "load:bf16"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """{case: [rank 0 result, rank 1 result]} from one spawn of two gloo ranks."""
     out = tmp_path_factory.mktemp("dp")
-    context = mp.start_processes(
-        dp_workers.rank_main,
-        args=(WORLD, free_port(), str(out), CASES),
-        nprocs=WORLD,
-        join=False,
-        start_method="spawn",
-    )
-    # join(timeout) returns False while ranks run; a failed rank raises here with its trace.
-    for _ in range(24):
-        if context.join(timeout=10):
-            break
-    else:
-        for process in context.processes:
-            process.kill()
-        pytest.fail("the two learner ranks did not finish within 240 s")
-    results = {
-        case: [torch.load(out / f"{case.replace(':', '_')}-rank{r}.pt") for r in range(WORLD)]
-        for case in CASES
-    }
-    return results, out
+    return dp_workers.run_ranks(WORLD, out, CASES), out
 
 
 @pytest.fixture(scope="module")

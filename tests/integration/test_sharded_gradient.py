@@ -10,11 +10,8 @@ gradient norm, the same AdamW update wherever the reference gradient is clear of
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests import dp_workers
 from tests.helpers import reference_grad_j, rel_diff
@@ -27,34 +24,11 @@ TOLERANCE = 1e-5
 CASES = ["sharded:group", "sharded:trajectory"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
 def ranks(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"sharded-{world}")
-    context = mp.start_processes(
-        dp_workers.rank_main,
-        args=(world, _free_port(), str(out), CASES),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    for _ in range(24):
-        if context.join(timeout=10):
-            break
-    else:
-        for process in context.processes:
-            process.kill()
-        pytest.fail(f"the {world} learner ranks did not finish within 240 s")
-    results = {
-        case: [torch.load(out / f"{case.replace(':', '_')}-rank{r}.pt") for r in range(world)]
-        for case in CASES
-    }
+    results = dp_workers.run_ranks(world, out, CASES)
     return world, results
 
 

@@ -44,7 +44,10 @@ def fresh(seed: int):
     return model, optimizer, StreamingGRPOLearner(model)
 
 
-def test_resume_is_bitwise_exact(tmp_path):
+def uninterrupted_and_saved(tmp_path, **save):
+    """Three steps of a run, and the same run's first two saved at step 2 (``save``: more
+    arguments of ``save_checkpoint``); returns the three-step run's objects, the two-step
+    model and the checkpoint."""
     torch.manual_seed(0)
     random.seed(0)
     model_a, opt_a, learner_a = fresh(1)
@@ -55,8 +58,18 @@ def test_resume_is_bitwise_exact(tmp_path):
     model_b, opt_b, learner_b = fresh(1)
     train(model_b, opt_b, learner_b, 2)
     path = save_checkpoint(
-        tmp_path, step=2, model=model_b, optimizer=opt_b, policy_version=learner_b.policy_version
+        tmp_path,
+        step=2,
+        model=model_b,
+        optimizer=opt_b,
+        policy_version=learner_b.policy_version,
+        **save,
     )
+    return model_a, learner_a, model_b, path
+
+
+def test_resume_is_bitwise_exact(tmp_path):
+    model_a, learner_a, _, path = uninterrupted_and_saved(tmp_path)
     torch.manual_seed(123)  # disturb every RNG the resume must restore
     random.seed(123)
 
@@ -161,23 +174,7 @@ def test_a_bfloat16_export_keeps_the_float32_master_and_resumes_bitwise(tmp_path
     from thundersync_core.checkpoint import MASTER_FILE  # noqa: PLC0415
     from thundersync_core.policy.io import checkpoint_dtype, load_model  # noqa: PLC0415
 
-    torch.manual_seed(0)
-    random.seed(0)
-    model_a, opt_a, learner_a = fresh(1)
-    train(model_a, opt_a, learner_a, 3)
-
-    torch.manual_seed(0)
-    random.seed(0)
-    model_b, opt_b, learner_b = fresh(1)
-    train(model_b, opt_b, learner_b, 2)
-    path = save_checkpoint(
-        tmp_path,
-        step=2,
-        model=model_b,
-        optimizer=opt_b,
-        policy_version=learner_b.policy_version,
-        export_dtype=torch.bfloat16,
-    )
+    model_a, _, model_b, path = uninterrupted_and_saved(tmp_path, export_dtype=torch.bfloat16)
     # The export: bfloat16 weights (half the bytes) that load as a Hugging Face model and
     # say their dtype; the master beside it is the float32 parameters, bitwise.
     with safe_open(str(path / "model" / "model.safetensors"), "pt") as export:
