@@ -17,7 +17,9 @@ The device is CUDA when one is visible, else the CPU (CI runs it there).
    through the data-parallel barrier: the float32 gradient against the reference (1e-5);
    then FSDP2 with bfloat16 compute takes one full step (clip, sharded AdamW, replica
    refresh, publication) whose master gradient is bounded like the one-process bf16 one;
-   step seconds and peak CUDA memory per rank.
+   step seconds and peak CUDA memory per rank. Last, FSDP2 state loaded with rank 0
+   reading the weights and the batch gradient sharded over the ranks (reduce-scattered):
+   its master gradient against the reference (1e-5), and the bytes each rank holds.
 3. ``vllm``: where vLLM is installed: the engine loads the policy and generates, the
    learner's step is published (file), the engine reloads it and generates again, and the
    engine's log-probs of what it sampled are compared with the learner's own on the
@@ -235,8 +237,42 @@ def _rank(rank: int, world: int, port: int, policy_dir: str, out_dir: str) -> No
     result["fsdp2_step_s"] = time.perf_counter() - start
     if reference is not None:
         result["fsdp2_bf16_rel_error"] = _error(reference, gathered)
+
+    result |= _sharded_gradient_step(Path(policy_dir), batch, device, reference)
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def _sharded_gradient_step(
+    policy_dir: Path, batch: list[Any], device: str, reference: Any
+) -> dict[str, Any]:
+    """Rank 0 reads the weights, every rank keeps its shard; the batch gradient is sharded
+    over the ranks (reduce-scattered after each group) and becomes the master's gradient."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from thundersync_core.parallel.data_parallel import (  # noqa: PLC0415
+        ShardedGradient,
+        stream_rank_share,
+    )
+    from thundersync_core.parallel.fsdp import load_sharded_state  # noqa: PLC0415
+    from thundersync_core.streaming import StreamingGRPOLearner, groups_of  # noqa: PLC0415
+
+    state = load_sharded_state(policy_dir, lr=1e-5, device=device)
+    learner = StreamingGRPOLearner(state.model, max_open_groups=2)  # type: ignore[arg-type]
+    learner.sharded_grad = ShardedGradient(learner.params, dtype=torch.float32)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    stream_rank_share(learner, batch, groups_of(batch), rank=rank, world_size=world)
+    step = learner.finish()
+    result: dict[str, Any] = {"sharded_grad_bytes": learner.accumulator_bytes()}
+    state.clip_shards(1e9, step.grad_objective, -1.0)
+    gathered = {
+        name: -p.grad.full_tensor()  # type: ignore[union-attr]
+        for name, p in state.checkpoint_module().named_parameters()
+    }
+    if reference is not None:
+        result["sharded_grad_rel_error"] = _error(reference, gathered)
+    return result
 
 
 def check_ranks(policy_dir: Path, out: Path, device: str) -> dict[str, Any]:
@@ -249,7 +285,8 @@ def check_ranks(policy_dir: Path, out: Path, device: str) -> dict[str, Any]:
     first = ranks[0]
     return {
         "ok": first["fp32_rel_error"] <= FP32_TOLERANCE
-        and 0 < first["fsdp2_bf16_rel_error"] <= BF16_TOLERANCE,
+        and 0 < first["fsdp2_bf16_rel_error"] <= BF16_TOLERANCE
+        and first["sharded_grad_rel_error"] <= FP32_TOLERANCE,
         "world_size": world,
         "backend": "nccl" if device == "cuda" else "gloo",
         "ranks": ranks,

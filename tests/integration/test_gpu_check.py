@@ -49,6 +49,8 @@ def test_gpu_check_runs_on_the_cpu(tmp_path):
     assert ranks["world_size"] == 2
     assert ranks["backend"] == "gloo"
     assert ranks["ranks"][0]["fp32_rel_error"] <= 1e-5
+    assert ranks["ranks"][0]["sharded_grad_rel_error"] <= 1e-5
+    assert all(r["sharded_grad_bytes"] > 0 for r in ranks["ranks"])
     assert summary["vllm"] == {"ok": None, "skipped": "--no-vllm"}
     schedule = summary["schedule"]
     assert schedule["ok"]
