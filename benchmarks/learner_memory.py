@@ -7,13 +7,17 @@
    Qwen3-8B and Qwen3-32B) at W = 4, 8, 16 ranks, replicated and fsdp2, bfloat16 compute,
    8192 tokens per backward, k = 1, 2, 4, 8 open groups with release="trajectory" and
    release="group"; beside each, LoRA (r=16 on q,k,v,o,gate,up,down) and, for fsdp2, the
-   same layout with the accumulator and statistics sharded 1/W (a projection: not built).
-   A mark says which rows fit ``--gpu-gb``.
+   same layout with the batch gradient sharded (``learner_sharded_gradient``, built) and
+   with the statistics and combination sharded 1/W on top (a projection: not built). A mark
+   says which rows fit ``--gpu-gb``; ``configs/cluster_grpo.yaml``'s layout with Qwen3-8B
+   is reported below the table.
 2. The check: W gloo ranks (``mp.spawn``, one process group per world size) run small
    learners on CPU case after case, two GRPO steps each (the first creates AdamW's state).
    Per case and rank it compares the model with (a) the tracked tensor bytes the code
    reports (``state_bytes()``, ``accumulator_bytes()``, the largest
-   ``live_statistics_bytes()`` seen) and (b) the peak resident set of the second step above
+   ``live_statistics_bytes()`` seen; with the sharded gradient, the largest pending buffer
+   ``accumulator_bytes()`` shows above its shards) and (b) the peak resident set of the
+   second step above
    the case's baseline (the resident set before its model existed). glibc is told to map
    every allocation above 64 KiB on its own (``MALLOC_MMAP_THRESHOLD_``), so a freed tensor
    leaves the resident set at once and the peak is the tensors' rather than the heap's.
@@ -43,13 +47,20 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from thundersync_core.batch import Segment, Trajectory
-from thundersync_core.parallel.data_parallel import ProcessGroupReducer, init_process_group
-from thundersync_core.parallel.fsdp import TrainState, build_train_state
+from thundersync_core.config import load_config
+from thundersync_core.parallel.data_parallel import (
+    ProcessGroupReducer,
+    ShardedGradient,
+    init_process_group,
+)
+from thundersync_core.parallel.fsdp import ShardedState, TrainState, build_train_state
 from thundersync_core.perfmodel.memory import (
     GB,
     LearnerLayout,
     LoraSpec,
+    MemoryEstimate,
     ModelShape,
+    layout_of,
     memory_per_gpu,
 )
 from thundersync_core.policy import build_model
@@ -58,16 +69,20 @@ from thundersync_core.streaming import GroupSpec, StreamingGRPOLearner
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HF = (ROOT / "configs/hf/qwen3-8b.json", ROOT / "configs/hf/qwen3-32b.json")
+CLUSTER_CONFIG = ROOT / "configs/cluster_grpo.yaml"
 MIB = 1 << 20
 #: Every allocation above this is its own mapping, returned to the system when freed.
 MMAP_THRESHOLD_BYTES = 65536
+#: A table row's layouts: full fine-tuning, LoRA, the sharded gradient, the projection.
+_KEYS = ("full_bytes", "lora_bytes", "sharded_gradient_bytes", "sharded_streaming_state_bytes")
 
 
 # -- 1. the model's table ---------------------------------------------------------------------
 def table_rows(
     shape: ModelShape, *, gpu_bytes: int, tokens: int, prefix_tokens: int, group_size: int
 ) -> list[dict[str, Any]]:
-    """One row per (W, sharding, release, k): full fine-tuning, LoRA and the projection."""
+    """One row per (W, sharding, release, k): full fine-tuning, LoRA, the sharded gradient
+    and the projection."""
     rows = []
     for world in (4, 8, 16):
         for sharding in ("replicated", "fsdp2"):
@@ -93,15 +108,19 @@ def table_rows(
                     "full_peak_phase": full.peak_phase,
                     "full_terms": full.terms,
                     "lora_bytes": lora.total_bytes,
+                    "sharded_gradient_bytes": None,
+                    "sharded_gradient_peak_phase": None,
                     "sharded_streaming_state_bytes": None,
                 }
                 if sharding == "fsdp2":
-                    projected = memory_per_gpu(shape, replace(layout, sharded_streaming_state=True))
+                    sharded = memory_per_gpu(shape, replace(layout, sharded_gradient=True))
+                    row["sharded_gradient_bytes"] = sharded.total_bytes
+                    row["sharded_gradient_peak_phase"] = sharded.peak_phase
+                    projected = memory_per_gpu(
+                        shape, replace(layout, sharded_gradient=True, sharded_streaming_state=True)
+                    )
                     row["sharded_streaming_state_bytes"] = projected.total_bytes
-                row["fits"] = {
-                    key: row[key] is not None and row[key] <= gpu_bytes
-                    for key in ("full_bytes", "lora_bytes", "sharded_streaming_state_bytes")
-                }
+                row["fits"] = {key: row[key] is not None and row[key] <= gpu_bytes for key in _KEYS}
                 rows.append(row)
     return rows
 
@@ -112,16 +131,16 @@ def print_table(
     print(
         f"\n{name}: {shape.parameter_count / 1e9:.2f} B parameters, bfloat16 compute, "
         f"{args.tokens} tokens per backward, {args.prefix_tokens}-token prompts, groups of "
-        f"{args.group_size}.\nGB per GPU, * fits {args.gpu_gb:g} GB; projection: fsdp2 with "
-        "the accumulator and statistics 1/W (not built)"
+        f"{args.group_size}.\nGB per GPU, * fits {args.gpu_gb:g} GB; sharded grad: fsdp2 with "
+        "the batch gradient sharded (built); projection: and the statistics 1/W (not built)"
     )
     print(
         f"{'W':>3} {'sharding':<10} {'release':<10} {'k':>2} {'full FT':>9} {'peak in':<14}"
-        f" {'LoRA r16':>9} {'projection':>11}"
+        f" {'LoRA r16':>9} {'sharded grad':>13} {'projection':>11}"
     )
     for r in rows:
         cells = []
-        for key in ("full_bytes", "lora_bytes", "sharded_streaming_state_bytes"):
+        for key in _KEYS:
             value = r[key]
             cells.append(
                 "-" if value is None else f"{value / GB:.0f}{'*' if r['fits'][key] else ' '}"
@@ -129,14 +148,15 @@ def print_table(
         k = "-" if r["open_groups"] is None else str(r["open_groups"])
         print(
             f"{r['world_size']:>3} {r['sharding']:<10} {r['release']:<10} {k:>2} {cells[0]:>9}"
-            f" {r['full_peak_phase']:<14} {cells[1]:>9} {cells[2]:>11}"
+            f" {r['full_peak_phase']:<14} {cells[1]:>9} {cells[2]:>13} {cells[3]:>11}"
         )
 
 
 def verdict(shape: ModelShape, args: argparse.Namespace) -> dict[str, Any]:
     """Does full fine-tuning with 4 open groups per rank fit 8 GPUs: with today's layout
-    (fsdp2, streaming state whole on every rank), with release="group", and with the
-    streaming state sharded (projection); and up to how many tokens per backward."""
+    (fsdp2, the batch gradient and statistics whole on every rank), with release="group",
+    with the batch gradient sharded (built; either release), and with the statistics
+    sharded too (projection); and up to how many tokens per backward."""
     today = LearnerLayout(
         world_size=8,
         sharding="fsdp2",
@@ -149,17 +169,50 @@ def verdict(shape: ModelShape, args: argparse.Namespace) -> dict[str, Any]:
     )
     gpu_bytes = int(args.gpu_gb * GB)
     out = {}
+    sharded = replace(today, sharded_gradient=True)
     for label, layout in (
         ("today", today),
         ("today_release_group", replace(today, release="group")),
-        ("sharded_streaming_state_projection", replace(today, sharded_streaming_state=True)),
+        ("sharded_gradient", sharded),
+        ("sharded_gradient_release_group", replace(sharded, release="group")),
+        ("sharded_streaming_state_projection", replace(sharded, sharded_streaming_state=True)),
     ):
         estimate = memory_per_gpu(shape, layout)
         out[label] = {
             "fits": estimate.total_bytes <= gpu_bytes,
             "total_bytes": estimate.total_bytes,
+            "without_held_sources_bytes": _without_held_sources(estimate),
             "max_tokens_per_backward_that_fit": _max_tokens(shape, layout, gpu_bytes),
             "explain": estimate.explain(gpu_bytes),
+        }
+    return out
+
+
+def _without_held_sources(estimate: MemoryEstimate) -> int:
+    """The peak of a rank that never holds sources past ``max_open_groups``: no pending
+    buffer in its backwards and closes (only the commit and the flush hold it)."""
+    totals = estimate.totals
+    for phase in ("backward", "group_close"):
+        totals[phase] -= estimate.phases[phase]["pending"]
+    return max(totals.values())
+
+
+def cluster_layout(hf_config: Path) -> dict[str, Any]:
+    """``configs/cluster_grpo.yaml``'s learner (``layout_of``) with ``hf_config``'s shape, and
+    the same with release="group" (one group open)."""
+    layout = layout_of(load_config(CLUSTER_CONFIG))
+    shape = ModelShape.from_hf_config(hf_config)
+    out: dict[str, Any] = {"config": CLUSTER_CONFIG.name, "model": hf_config.stem}
+    for label, each in (
+        ("as_configured", layout),
+        ("release_group", replace(layout, release="group", open_groups=1)),
+    ):
+        estimate = memory_per_gpu(shape, each)
+        out[label] = {
+            "layout": each.describe(),
+            "total_bytes": estimate.total_bytes,
+            "without_held_sources_bytes": _without_held_sources(estimate),
+            "explain": estimate.explain(),
         }
     return out
 
@@ -199,6 +252,10 @@ class Case:
     response_tokens: int
     prompt_tokens: int = 33
     group_size: int = 2
+    sharded_gradient: bool = False
+    #: Groups per rank beyond ``open_groups``: their sources are held until a close admits
+    #: them (with the sharded gradient, before that close's flush).
+    extra_groups: int = 0
 
     def model_args(self) -> dict[str, int]:
         return {
@@ -221,6 +278,7 @@ class Case:
             tokens_per_backward=1 + self.response_tokens,
             prefix_tokens=self.prompt_tokens - 1,
             group_size=self.group_size,
+            sharded_gradient=self.sharded_gradient,
             adamw_foreach=False,
         )
 
@@ -234,7 +292,23 @@ CASES = (
     Case("fsdp2 fp32 k2", 2, "fsdp2", "float32", 2, "trajectory", 1024, 4, 16384, 64),
     Case("fsdp2 bf16 group", 2, "fsdp2", "bfloat16", 1, "group", 512, 8, 16384, 512, group_size=3),
     Case("repl fp32 k1", 2, "replicated", "float32", 1, "trajectory", 512, 8, 16384, 256),
-)
+    Case(
+        "sharded fp32 k2", 2, "fsdp2", "float32", 2, "trajectory", 1024, 4, 16384, 128,
+        sharded_gradient=True, extra_groups=1,
+    ),
+    Case(
+        "sharded bf16 k1", 2, "fsdp2", "bfloat16", 1, "trajectory", 512, 8, 16384, 512,
+        sharded_gradient=True, extra_groups=1,
+    ),
+    Case(
+        "sharded bf16 group", 2, "fsdp2", "bfloat16", 1, "group", 512, 8, 16384, 512,
+        group_size=3, sharded_gradient=True,
+    ),
+    Case(
+        "sharded fp32 group", 2, "fsdp2", "float32", 1, "group", 1024, 4, 16384, 128,
+        group_size=3, sharded_gradient=True,
+    ),
+)  # fmt: skip
 
 
 def _status_bytes(field: str) -> int:
@@ -250,11 +324,12 @@ def _reset_peak() -> None:
 
 
 def _batch(case: Case, step: int) -> list[Trajectory]:
-    """k groups per rank of ``group_size`` trajectories, every response token scored; the
-    first trajectory of every group arrives before any second, so k groups are open."""
+    """k (+ extra) groups per rank of ``group_size`` trajectories, every response token
+    scored; the first trajectory of every group arrives before any second, so k groups are
+    open (and the extra groups' sources held)."""
 
     rng = random.Random(step)
-    n_groups = case.open_groups * case.world_size
+    n_groups = (case.open_groups + case.extra_groups) * case.world_size
     groups = []
     for g in range(n_groups):
         prompt = tuple(rng.randrange(case.vocab) for _ in range(case.prompt_tokens))
@@ -290,28 +365,38 @@ def _warm_batch(case: Case) -> list[Trajectory]:
 def _step(
     learner: StreamingGRPOLearner, state: TrainState, batch: list[Trajectory], rank: int, world: int
 ) -> dict[str, int]:
-    """One step as the learner worker takes it: feed this rank's groups, barrier, clip,
-    apply; returns the tracked bytes (statistics at their largest, state after clip)."""
+    """One step as the learner group drives it: feed this rank's groups (every rank flushes
+    a sharded gradient after each group's last trajectory), barrier, clip, apply; returns
+    the tracked bytes (statistics and pending at their largest, state after clip)."""
 
     order = {gid: i for i, gid in enumerate(dict.fromkeys(t.group_id for t in batch))}
+    sizes = {gid: sum(t.group_id == gid for t in batch) for gid in order}
     if world > 1:
         learner.reducer = ProcessGroupReducer()
     learner.begin_batch({})
-    statistics = 0
-    added: set[str] = set()
+    statistics = held = 0
+    routed = dict.fromkeys(order, 0)
     for traj in batch:
-        if order[traj.group_id] % world != rank:
-            continue
-        if traj.group_id not in added:
-            added.add(traj.group_id)
-            size = sum(t.group_id == traj.group_id for t in batch)
-            learner.add_groups({traj.group_id: GroupSpec(traj.prompt_ids, size)})
-        learner.submit(traj)
-        statistics = max(statistics, learner.live_statistics_bytes())
+        routed[traj.group_id] += 1
+        if order[traj.group_id] % world == rank:
+            if routed[traj.group_id] == 1:
+                learner.add_groups(
+                    {traj.group_id: GroupSpec(traj.prompt_ids, sizes[traj.group_id])}
+                )
+            learner.submit(traj)
+            statistics = max(statistics, learner.live_statistics_bytes())
+            held = max(held, learner.accumulator_bytes())
+        if learner.sharded_grad is not None and routed[traj.group_id] == sizes[traj.group_id]:
+            learner.sharded_grad.flush()
     result = learner.finish()
     accumulator = learner.accumulator_bytes()
-    state.clip(1.0, result.grad_objective, -1.0)
+    if result.sharded:
+        assert isinstance(state, ShardedState)
+        state.clip_shards(1.0, result.grad_objective, -1.0)
+    else:
+        state.clip(1.0, result.grad_objective, -1.0)
     tracked = {"group_statistics": statistics, "accumulator": accumulator}
+    tracked["pending"] = held - accumulator
     tracked |= state.state_bytes()
     state.apply()
     learner.policy_version += 1
@@ -329,6 +414,8 @@ def _measure(case: Case, rank: int) -> dict[str, Any]:
         max_open_groups=case.open_groups,
         release=case.release,
     )
+    if case.sharded_gradient:
+        learner.sharded_grad = ShardedGradient(learner.params, dtype=learner.accum_dtype)
     _step(learner, state, _warm_batch(case), rank, case.world_size)
     gc.collect()
     _reset_peak()
@@ -387,7 +474,9 @@ def _compare(case: Case, record: dict[str, Any]) -> dict[str, Any]:
         "optimizer": (terms["optimizer"], tracked["optimizer"]),
         "accumulator": (terms["accumulator"], tracked["accumulator"]),
         "group_statistics": (terms["group_statistics"], tracked["group_statistics"]),
-    }
+        "pending": (max(t["pending"] for t in estimate.phases.values() if "pending" in t),
+                    tracked["pending"]),
+    }  # fmt: skip
     measured = record["peak_rss_above_baseline_bytes"]
     return {
         "case": asdict(case),
@@ -405,17 +494,18 @@ def _compare(case: Case, record: dict[str, Any]) -> dict[str, Any]:
 def print_checks(checks: list[dict[str, Any]]) -> None:
     print("\nCPU check: model vs measured, MiB (tracked: model/measured; peak RSS above baseline)")
     print(
-        f"{'case':<17} {'W':>1} {'r':>1} {'params':>11} {'grads':>11} {'optim':>11}"
-        f" {'accum':>11} {'stats':>11} {'model peak, phase':>21} {'measured':>9} {'error':>7}"
+        f"{'case':<18} {'W':>1} {'r':>1} {'params':>11} {'grads':>11} {'optim':>11}"
+        f" {'accum':>11} {'stats':>11} {'pending':>11} {'model peak, phase':>21} {'measured':>9}"
+        f" {'error':>7}"
     )
     for c in checks:
         t = c["tracked"]
         cells = [
             f"{t[k]['model'] / MIB:.0f}/{t[k]['measured'] / MIB:.0f}"
-            for k in ("params", "grads", "optimizer", "accumulator", "group_statistics")
+            for k in ("params", "grads", "optimizer", "accumulator", "group_statistics", "pending")
         ]
         print(
-            f"{c['case']['name']:<17} {c['case']['world_size']:>1} {c['rank']:>1}"
+            f"{c['case']['name']:<18} {c['case']['world_size']:>1} {c['rank']:>1}"
             + "".join(f" {cell:>11}" for cell in cells)
             + f" {c['model_peak_bytes'] / MIB:>6.0f} {c['model_peak_phase']:<14}"
             f" {c['measured_peak_rss_bytes'] / MIB:>9.0f} {c['relative_error']:>+7.1%}"
@@ -431,43 +521,36 @@ def render_doc(report: dict[str, Any]) -> str:
         "docstring lists every term and when each is live), at 8 learner ranks, bfloat16 "
         f"compute, {report['tokens_per_backward']} tokens per backward, "
         f"{report['prefix_tokens']}-token prompts and groups of {report['group_size']}; GB per "
-        f"GPU, * fits {report['gpu_gb']:g} GB. *projection*: fsdp2 with the batch accumulator "
-        "and the group statistics sharded 1/W, which is not built. Generated by "
-        "`benchmarks/learner_memory.py --out docs/bench/learner_memory.json`, then "
-        "`--render-doc docs/bench/learner_memory.json`."
+        f"GPU, * fits {report['gpu_gb']:g} GB. *sharded*: fsdp2 with "
+        "`learner_sharded_gradient` (built): the batch gradient held as each rank's rows, what "
+        "closes add waiting whole in float32 for the flush after each group's last trajectory "
+        "(with release=trajectory also through the backwards of held sources a close admits). "
+        "*projection*: on top of it the group statistics and a close's combination sharded "
+        "1/W, which is not built. Generated by `benchmarks/learner_memory.py --out "
+        "docs/bench/learner_memory.json`, then `--render-doc docs/bench/learner_memory.json`."
     )
-    header = " | ".join(f"{n}: full / LoRA r16 / projection" for n in names)
+    header = " | ".join(f"{n}: full / LoRA r16 / sharded / projection" for n in names)
     lines = ["## Learner memory", "", textwrap.fill(intro, 92), ""]
     lines += [f"| sharding | release | k | {header} |", "|---|---|---|" + "---|" * len(names)]
     rows = {n: [r for r in models[n]["rows"] if r["world_size"] == 8] for n in names}
     for i, first in enumerate(rows[names[0]]):
         k = first["open_groups"] if first["open_groups"] is not None else "-"
-        cells = " | ".join(
-            " / ".join(_doc_cell(rows[n][i], key) for key in _DOC_KEYS) for n in names
-        )
+        cells = " | ".join(" / ".join(_doc_cell(rows[n][i], key) for key in _KEYS) for n in names)
         lines.append(f"| {first['sharding']} | {first['release']} | {k} | {cells} |")
     lines.append("")
     for n in names:
-        v = models[n]["verdict"]
-        today = next(r for r in rows[n] if r["sharding"] == "fsdp2" and r["open_groups"] == 4)
-        largest = sorted(today["full_terms"].items(), key=lambda kv: -kv[1])[:4]
-        bullet = (
-            f"{n}, full fine-tuning, 4 open groups per rank on 8 x {report['gpu_gb']:g} GB "
-            f"(fsdp2): {_doc_verdict(v['today'])} today, where the accumulator and statistics "
-            f"are whole on every rank (largest terms, GB: "
-            + ", ".join(f"{name} {b / GB:.0f}" for name, b in largest)
-            + f"); release=group {_doc_verdict(v['today_release_group'])}; the projection "
-            f"{_doc_verdict(v['sharded_streaming_state_projection'])}."
-        )
-        lines.append(textwrap.fill(bullet, 92, initial_indent="- ", subsequent_indent="  "))
+        lines.append(_doc_bullet(n, models[n]["verdict"], rows[n], report["gpu_gb"]))
+    if "cluster" in report:
+        lines += ["", textwrap.fill(_doc_cluster(report["cluster"]), 92)]
     checks = report.get("checks", [])
     if checks:
         worst = max(checks, key=lambda c: abs(c["relative_error"]))
         exact = all(t["model"] == t["measured"] for c in checks for t in c["tracked"].values())
         summary = (
             f"Checked on CPU ({len({c['case']['name'] for c in checks})} small learners on 1 and "
-            "2 gloo ranks, both releases, float32 and bfloat16): the model's weight, gradient, "
-            "optimizer, accumulator and statistics bytes "
+            "2 gloo ranks, both releases, float32 and bfloat16, with and without the sharded "
+            "gradient, held sources included): the model's weight, gradient, optimizer, "
+            "accumulator, statistics and pending bytes "
             f"{'equal' if exact else 'differ from'} the learner's own counters, and its peak is "
             f"within {abs(worst['relative_error']):.1%} of the measured peak resident set "
             f"(worst: {worst['case']['name']}, {worst['relative_error']:+.1%}). On a GPU the "
@@ -477,7 +560,42 @@ def render_doc(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_DOC_KEYS = ("full_bytes", "lora_bytes", "sharded_streaming_state_bytes")
+def _doc_bullet(name: str, v: dict[str, Any], rows: list[dict[str, Any]], gpu_gb: float) -> str:
+    today = next(r for r in rows if r["sharding"] == "fsdp2" and r["open_groups"] == 4)
+    largest = sorted(today["full_terms"].items(), key=lambda kv: -kv[1])[:4]
+    sharded = v["sharded_gradient"]
+    bullet = (
+        f"{name}, full fine-tuning, 4 open groups per rank on 8 x {gpu_gb:g} GB (fsdp2): "
+        f"{_doc_verdict(v['today'])} with the batch gradient and statistics whole on every "
+        "rank (largest terms, GB: "
+        + ", ".join(f"{term} {b / GB:.0f}" for term, b in largest)
+        + f"); release=group {_doc_verdict(v['today_release_group'])}. With the sharded "
+        f"gradient it {_doc_verdict(sharded)} (a rank that never holds sources: "
+        f"{sharded['without_held_sources_bytes'] / GB:.0f} GB), release=group "
+        f"{_doc_verdict(v['sharded_gradient_release_group'])}; the projection "
+        f"{_doc_verdict(v['sharded_streaming_state_projection'])}."
+    )
+    return textwrap.fill(bullet, 92, initial_indent="- ", subsequent_indent="  ")
+
+
+def _doc_cluster(cluster: dict[str, Any]) -> str:
+    configured, group = cluster["as_configured"], cluster["release_group"]
+    return (
+        "`resources.learner.gpu_memory_gb` (GB of one learner GPU) makes a GRPO run check its "
+        "layout against this model at start, before anything is reserved or loaded: ranks, "
+        "`learner_sharding`, `learner_sharded_gradient`, `learner_dtype`, `max_open_groups`, "
+        "`grpo_release`, a backward of `learner_pack_tokens` or `rollout.max_total_tokens` "
+        "after a prompt of the rest of `rollout.max_model_len`; a layout that does not fit is "
+        f"refused naming every term in GB. By it, `configs/{cluster['config']}` with "
+        f"{cluster['model']} ({configured['layout']}) needs about "
+        f"{_doc_gb(configured['total_bytes'])} per GPU; with `grpo_release: group` about "
+        f"{_doc_gb(group['total_bytes'])}: the open groups' statistics, whole on every rank, "
+        "are what the projection would shard."
+    )
+
+
+def _doc_gb(n: int) -> str:
+    return f"{n / 1e12:.1f} TB" if n >= 10**12 else f"{n / GB:.0f} GB"
 
 
 def _doc_cell(row: dict[str, Any], key: str) -> str:
@@ -532,6 +650,10 @@ def main() -> None:
         }
         print_verdict(path.stem, entry["verdict"], args.gpu_gb)
         report["models"][path.stem] = entry
+    if CLUSTER_CONFIG.is_file() and DEFAULT_HF[0].is_file():
+        report["cluster"] = cluster_layout(DEFAULT_HF[0])
+        for label in ("as_configured", "release_group"):
+            print(f"\n{CLUSTER_CONFIG.name}, {label}: {report['cluster'][label]['explain']}")
     if not args.skip_measure:
         t0 = time.perf_counter()
         checks = run_checks()

@@ -10,6 +10,7 @@ doubled term is off by a whole tensor. The peak resident set is checked by
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -403,3 +404,77 @@ def test_a_config_whose_learner_does_not_fit_is_refused_at_start_naming_the_numb
     check_config_fits(roomy, folder)
     unchecked = TrainConfig(resources={"learner": {"num_gpus": 8, "ranks": 8}})
     check_config_fits(unchecked, folder)
+
+
+# -- the sharded batch gradient (learner_sharded_gradient) ------------------------------------
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("name", ["micro (tied)", "qwen3 untied", "llama biases"])
+def test_the_sharded_accumulator_is_rank_0s_rows_of_the_real_parameters(name, world):
+    from thundersync_core.parallel.data_parallel import shard_rows  # noqa: PLC0415
+
+    model = dict(_small_models())[name]
+    shape = ModelShape.from_hf_config(model.config)
+    params = list(model.parameters())
+    assert sorted(shape.parameter_rows()) == sorted((p.shape[0], p[0].numel()) for p in params)
+    per_rank = []
+    for rank in range(world):
+        rows = [shard_rows(p.shape[0], world, rank) for p in params]
+        per_rank.append(
+            sum(
+                4 * (stop - start) * p[0].numel()
+                for p, (start, stop) in zip(params, rows, strict=True)
+            )
+        )
+    layout = LearnerLayout(world_size=world, sharding="fsdp2", sharded_gradient=True)
+    estimate = memory_per_gpu(shape, layout)
+    # Over 3 ranks most dims (64, 128, 1024) do not split evenly: rank 0 holds the most,
+    # and the ranks together hold every row once.
+    assert estimate.phases["begin_batch"]["accumulator"] == max(per_rank) == per_rank[0]
+    assert sum(per_rank) == 4 * shape.parameter_count
+    assert estimate.phases["prompt_replay"]["pending"] == 4 * shape.parameter_count
+
+
+def test_pending_phases_by_release_follow_the_flush_points():
+    """Pins the phases read off the learner: per trajectory, pending is live from a close's
+    commit through the held sources that close admits, until the flush; per group, only
+    from the commit to the flush."""
+    shape = ModelShape.from_hf_config(preset_config("micro"))
+    base = LearnerLayout(world_size=2, sharding="fsdp2", sharded_gradient=True, open_groups=2)
+    by_trajectory = memory_per_gpu(shape, base).phases
+    by_group = memory_per_gpu(shape, replace(base, release="group")).phases
+    pending = 4 * shape.parameter_count
+    for phase in ("backward", "group_close", "prompt_replay", "flush"):
+        assert by_trajectory[phase]["pending"] == pending, phase
+    assert by_group["backward"]["pending"] == by_group["group_close"]["pending"] == 0
+    assert by_group["prompt_replay"]["pending"] == by_group["flush"]["pending"] == pending
+    # Whole gradient and projection: nothing pending, no flush.
+    for layout in (
+        replace(base, sharded_gradient=False),
+        replace(base, sharded_streaming_state=True),
+    ):
+        phases = memory_per_gpu(shape, layout).phases
+        assert "flush" not in phases
+        assert all(terms.get("pending", 0) == 0 for terms in phases.values())
+    with pytest.raises(ValueError, match="fsdp2"):
+        LearnerLayout(world_size=2, sharded_gradient=True)
+
+
+def test_layout_of_picks_up_the_sharded_gradient_from_the_config():
+    from thundersync_core.config import TrainConfig  # noqa: PLC0415
+    from thundersync_core.perfmodel.memory import layout_of  # noqa: PLC0415
+
+    learner = {"num_gpus": 4, "ranks": 4}
+    sharded = TrainConfig(
+        learner_sharding="fsdp2", learner_sharded_gradient=True, resources={"learner": learner}
+    )
+    assert layout_of(sharded).sharded_gradient
+    assert "sharded gradient" in layout_of(sharded).describe()
+    whole = sharded.model_copy(update={"learner_sharded_gradient": False})
+    assert not layout_of(whole).sharded_gradient
+    shape = ModelShape.from_hf_config(HF_CONFIGS / "qwen3-8b.json")
+    # At W = 4 the accumulator is a quarter: 24.6 GB of the 32.8 GB whole one saved.
+    saved = (
+        memory_per_gpu(shape, layout_of(whole)).phases["begin_batch"]["accumulator"]
+        - memory_per_gpu(shape, layout_of(sharded)).phases["begin_batch"]["accumulator"]
+    )
+    assert saved == pytest.approx(3 / 4 * 4 * shape.parameter_count, rel=1e-4)

@@ -12,13 +12,21 @@ forwarded once per open group), K = 2 L n_kv d T_p the prompt's key/value proxie
 largest parameter tensor, L layers, h hidden, f intermediate, n_q / n_kv heads of width d,
 V vocabulary.
 
-Terms, as the code holds them (``parallel/fsdp.py``, ``streaming/base.py``,
-``streaming/grpo_stream.py``):
+Terms, as the code holds them (``parallel/fsdp.py``, ``parallel/data_parallel.py``,
+``streaming/base.py``, ``streaming/grpo_stream.py``):
 
     replica             c P        the compute copy; 0 when the learner runs on a float32 master
     master              4 P / s    float32 weights (fully_shard splits dim 0 over the ranks)
     optimizer           8 P / s    AdamW's moments, plus a 4-byte step per parameter tensor
-    accumulator         4 P        the batch gradient, whole on every rank
+    accumulator         4 P        the batch gradient, whole on every rank; with the sharded
+                                   gradient (``learner_sharded_gradient``) this rank's Shard(0)
+                                   rows, 4 sum_t ceil(r_t / W) n_t (tensor t: r_t rows of n_t)
+    pending             4 P        sharded gradient: what closes added since the last flush,
+                                   whole and float32 (flushes follow each group's last
+                                   trajectory). Live from a close's commit (after its replay)
+                                   to the flush; with release="trajectory" also through the
+                                   backwards and closes of the held sources a close admits
+                                   at once, which run before that flush
     group_statistics    8 k (P+K)  x1 and x2 in float32 per open group (release="trajectory")
     prompt_graphs       k A_p      each open group's prompt forward, kept for its one replay
                                    (one group at a time with release="group")
@@ -37,7 +45,10 @@ Terms, as the code holds them (``parallel/fsdp.py``, ``streaming/base.py``,
     replay_gradient     c P_r      the prompt replay's gradient (P_r: the parameters the
                                    prompt's keys and values depend on)
     replica_grads       c P        the barrier's p.grad on the replica (4 P, the gradient
-                                   itself, when the learner runs on the float32 master)
+                                   itself, when the learner runs on the float32 master; 0
+                                   with the sharded gradient: its rows become the master's)
+    flush_buffers       4 (W+1) X  sharded gradient: a flush's padded whole tensor and this
+                                   rank's output rows, one tensor at a time (X rounded up)
     grads               4 P / s    the master's float32 gradient at the step
     step_transient      4 P / s    foreach AdamW (CUDA's default) takes sqrt(v) of every
                                    tensor at once; the per-tensor loop (CPU) 8 X / s
@@ -46,11 +57,14 @@ Phases (resident = base + replica + master + optimizer; base is LoRA's frozen mo
 
     begin_batch     resident + accumulator        a reused learner frees the last batch's
                                                   accumulator before it allocates this one's
-    backward        resident + accumulator + group_statistics + prompt_graphs
+    backward        resident + accumulator + pending + group_statistics + prompt_graphs
                     + held_gradients + activations + transient_gradient
-    group_close     resident + accumulator + group_statistics + prompt_graphs
+    group_close     resident + accumulator + pending + group_statistics + prompt_graphs
                     + held_gradients + combination + temporaries
-    prompt_replay   the same with replay_gradient (and its float32 cast) for the temporaries
+    prompt_replay   the same with replay_gradient (and its float32 cast) for the temporaries:
+                    the replay and the commit after it, pending with either release
+    flush           resident + accumulator + pending + group_statistics + prompt_graphs
+                    + flush_buffers (sharded gradient only)
     barrier         resident + accumulator + replica_grads
     optimizer_step  resident + accumulator + grads + step_transient
 
@@ -77,8 +91,13 @@ embedding and (tied embeddings) two more copies of the embedding's gradient befo
 summed. Each layer frees its activations and adds its gradient, so memory is linear in
 between and the peak is the larger end.
 
-``sharded_streaming_state`` (a projection) divides the accumulator, the statistics, the
-combination and its temporaries by W.
+``sharded_gradient`` is built: pending (whole, float32) replaces the accumulator's other
+(W-1)/W while a close waits for its flush, so the sharded gradient lowers the peak by
+4 P (W-1)/W only where no phase at that peak holds pending (release="group": its backwards;
+release="trajectory" bounds a backward with held sources admitted before a flush).
+``sharded_streaming_state`` (a projection, not built) shards, on top of it, the statistics,
+the combination and its temporaries 1/W; a close then adds its rows straight into the
+shards, so nothing is pending.
 
 Not modelled: allocator caching and fragmentation on the GPU, CUDA context and NCCL
 buffers, the load at start-up (the float32 model and its copy), pack rows (a pack of B rows
@@ -109,13 +128,14 @@ GB = 10**9
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _RESIDENT = ("base", "replica", "master", "optimizer")
-_STREAMING = ("accumulator", "group_statistics", "prompt_graphs", "held_gradients")
-#: The terms live in each phase (module docstring).
+_STREAMING = ("accumulator", "pending", "group_statistics", "prompt_graphs", "held_gradients")
+#: The terms live in each phase (module docstring); ``flush`` only with the sharded gradient.
 PHASES: dict[str, tuple[str, ...]] = {
     "begin_batch": (*_RESIDENT, "accumulator"),
     "backward": (*_RESIDENT, *_STREAMING, "activations", "transient_gradient"),
     "group_close": (*_RESIDENT, *_STREAMING, "combination", "temporaries"),
     "prompt_replay": (*_RESIDENT, *_STREAMING, "combination", "replay_gradient", "temporaries"),
+    "flush": (*_RESIDENT, *_STREAMING[:-1], "flush_buffers"),
     "barrier": (*_RESIDENT, "accumulator", "replica_grads"),
     "optimizer_step": (*_RESIDENT, "accumulator", "grads", "step_transient"),
 }
@@ -199,19 +219,32 @@ class ModelShape:
     def q_width(self) -> int:
         return self.num_attention_heads * self.head_dim
 
-    def layer_tensors(self) -> dict[str, int]:
-        """Element count of every parameter tensor of one decoder layer, by name."""
-        sizes = {name: i * o for name, (i, o) in self.projections().items()}
+    def layer_tensor_rows(self) -> dict[str, tuple[int, int]]:
+        """(rows, elements per row) of every parameter tensor of one decoder layer, by name:
+        a weight is (out, in); a bias or norm weight is a column."""
+        rows = {name: (o, i) for name, (i, o) in self.projections().items()}
         h, f, q, kv = self.hidden_size, self.intermediate_size, self.q_width, self.kv_width
         if self.qkv_bias:
-            sizes |= {"q_proj.bias": q, "k_proj.bias": kv, "v_proj.bias": kv}
+            rows |= {"q_proj.bias": (q, 1), "k_proj.bias": (kv, 1), "v_proj.bias": (kv, 1)}
         if self.o_bias:
-            sizes["o_proj.bias"] = h
+            rows["o_proj.bias"] = (h, 1)
         if self.mlp_bias:
-            sizes |= {"gate_proj.bias": f, "up_proj.bias": f, "down_proj.bias": h}
+            rows |= {"gate_proj.bias": (f, 1), "up_proj.bias": (f, 1), "down_proj.bias": (h, 1)}
         if self.qk_norm:
-            sizes |= {"q_norm": self.head_dim, "k_norm": self.head_dim}
-        return sizes | {"input_layernorm": h, "post_attention_layernorm": h}
+            rows |= {"q_norm": (self.head_dim, 1), "k_norm": (self.head_dim, 1)}
+        return rows | {"input_layernorm": (h, 1), "post_attention_layernorm": (h, 1)}
+
+    def layer_tensors(self) -> dict[str, int]:
+        """Element count of every parameter tensor of one decoder layer, by name."""
+        return {name: r * n for name, (r, n) in self.layer_tensor_rows().items()}
+
+    def parameter_rows(self) -> list[tuple[int, int]]:
+        """(rows, elements per row) of every parameter tensor of the model (a tied head
+        once): the embedding, the layers, the final norm and the head."""
+        embedding = (self.vocab_size, self.hidden_size)
+        layers = list(self.layer_tensor_rows().values()) * self.num_hidden_layers
+        head = [] if self.tie_word_embeddings else [embedding]
+        return [embedding, *layers, (self.hidden_size, 1), *head]
 
     @property
     def parameter_count(self) -> int:
@@ -246,6 +279,12 @@ class ModelShape:
         if unknown:
             raise ValueError(f"LoRA targets {unknown} are not projections of {sorted(sizes)}")
         return self.num_hidden_layers * sum(rank * sum(sizes[t]) for t in targets)
+
+    def lora_parameter_rows(self, rank: int, targets: tuple[str, ...]) -> list[tuple[int, int]]:
+        """(rows, elements per row) of every adapter tensor: A is (r, in), B is (out, r)."""
+        sizes = self.projections()
+        per_layer = [shape for t in targets for shape in ((rank, sizes[t][0]), (sizes[t][1], rank))]
+        return per_layer * self.num_hidden_layers
 
     def prompt_kv_elements(self, prefix_tokens: int) -> int:
         """K: elements of a prompt's keys and values over every layer."""
@@ -333,8 +372,11 @@ class LearnerLayout:
     #: through its group's close.
     packs: bool = False
     lora: LoraSpec | None = None
-    #: A projection, not built: the accumulator, the statistics and a close's combination
-    #: held 1/W per rank.
+    #: ``learner_sharded_gradient`` (built, fsdp2): the batch gradient held as this rank's
+    #: ``Shard(0)`` rows, closes added into a whole pending buffer until the next flush.
+    sharded_gradient: bool = False
+    #: A projection, not built: on top of the sharded gradient, the statistics and a close's
+    #: combination held 1/W per rank too (a close adds its rows straight into the shards).
     sharded_streaming_state: bool = False
     #: torch's AdamW takes its foreach path on CUDA and a loop over tensors on CPU.
     adamw_foreach: bool = True
@@ -352,16 +394,19 @@ class LearnerLayout:
             raise ValueError(f"compute_dtype must be one of {sorted(DTYPE_BYTES)}")
         if self.release not in ("trajectory", "group"):
             raise ValueError(f"release must be 'trajectory' or 'group', got {self.release!r}")
+        if self.sharded_gradient and self.sharding != "fsdp2":
+            raise ValueError("sharded_gradient holds the fsdp2 master's rows: needs fsdp2")
 
     def describe(self) -> str:
         lora = f" lora r={self.lora.rank}" if self.lora else ""
         packs = " packs" if self.packs else ""
+        sharded = " sharded gradient" if self.sharded_gradient else ""
         projected = " sharded streaming state (projection)" if self.sharded_streaming_state else ""
         groups = f"k={self.open_groups}" if self.release == "trajectory" else "one group"
         return (
             f"W={self.world_size} {self.sharding} {self.compute_dtype} release={self.release} "
             f"{groups} T={self.tokens_per_backward} T_p={self.prefix_tokens}{packs}{lora}"
-            f"{projected}"
+            f"{sharded}{projected}"
         )
 
 
@@ -408,6 +453,8 @@ class _Trained:
     """What is trained: the full model or LoRA's adapters."""
 
     parameters: int
+    #: (rows, elements per row) of each trained tensor: a ``Shard(0)`` split is by rows.
+    rows: list[tuple[int, int]]
     tensors: int
     replay: int
     largest: int
@@ -420,6 +467,7 @@ def _trained(shape: ModelShape, layout: LearnerLayout, c: int) -> _Trained:
     if lora is None:
         return _Trained(
             parameters=shape.parameter_count,
+            rows=shape.parameter_rows(),
             tensors=shape.parameter_tensors,
             replay=shape.replay_parameter_count(),
             largest=shape.largest_tensor,
@@ -432,6 +480,7 @@ def _trained(shape: ModelShape, layout: LearnerLayout, c: int) -> _Trained:
     last = shape.lora_parameter_count(lora.rank, unused) // shape.num_hidden_layers
     return _Trained(
         parameters=adapters,
+        rows=shape.lora_parameter_rows(lora.rank, lora.targets),
         tensors=2 * len(lora.targets) * shape.num_hidden_layers,
         replay=adapters - last,
         largest=lora.rank * max(shape.hidden_size, shape.intermediate_size),
@@ -460,7 +509,8 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
     """Bytes one learner rank holds in each phase of a step (module docstring)."""
     c = DTYPE_BYTES[layout.compute_dtype]
     shards = layout.world_size if layout.sharding == "fsdp2" else 1
-    spread = layout.world_size if layout.sharded_streaming_state else 1
+    projected = layout.sharded_streaming_state
+    spread = layout.world_size if projected else 1
     trained = _trained(shape, layout, c)
     p = trained.parameters
     streamed = p + shape.prompt_kv_elements(layout.prefix_tokens)
@@ -474,13 +524,21 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
         "master": master,
         "optimizer": _ceil_div(8 * p, shards) + 4 * trained.tensors,
     }
-    accumulator = _ceil_div(4 * p, spread)
+    by_rows = layout.sharded_gradient or projected
+    accumulator = 4 * _shard_rows_elements(trained.rows, layout.world_size) if by_rows else 4 * p
+    # What a close adds waits, whole and float32, for the next flush (after every group's
+    # last trajectory); the projection adds its rows straight into the shards.
+    pending = 4 * p if layout.sharded_gradient and not projected else 0
     groups = layout.open_groups if by_trajectory else 1
     streaming = {
         "accumulator": accumulator,
+        "pending": 0,
         "group_statistics": groups * _ceil_div(8 * streamed, spread) if by_trajectory else 0,
         "prompt_graphs": groups * shape.prompt_graph_bytes(c, layout.prefix_tokens),
     }
+    # Per trajectory, a close admits held sources at once: their backwards, and their
+    # groups' closes, run before the flush, beside the first close's pending buffer.
+    before_flush = streaming | {"pending": pending if by_trajectory else 0}
     transient = c * streamed
     # release="group" adds each backward's gradient into the first one's, in place.
     held = 0 if by_trajectory or layout.group_size < 2 else transient
@@ -492,19 +550,28 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
     phases = {
         "begin_batch": resident | {"accumulator": accumulator},
         "backward": resident
-        | streaming
+        | before_flush
         | {"held_gradients": held}
         | _backward(shape, layout, c, transient, trained.tied),
         "group_close": resident
-        | streaming
+        | before_flush
         | closing
         | {"temporaries": 2 * largest_fp32 if by_trajectory else cast},
+        # The replay, then the commit: the close's parts go into the pending buffer while
+        # the replay's gradient is still held.
         "prompt_replay": resident
         | streaming
+        | {"pending": pending}
         | closing
         | {"replay_gradient": c * trained.replay, "temporaries": cast},
+        "flush": resident
+        | streaming
+        | {"pending": pending, "flush_buffers": _flush_bytes(trained.rows, layout.world_size)},
         "barrier": resident
-        | {"accumulator": accumulator, "replica_grads": (c if replica else 4) * p},
+        | {
+            "accumulator": accumulator,
+            "replica_grads": 0 if by_rows else (c if replica else 4) * p,
+        },
         "optimizer_step": resident
         | {
             "accumulator": accumulator,
@@ -514,11 +581,24 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
             else 2 * _ceil_div(4 * trained.largest, shards),
         },
     }
+    if not pending:
+        del phases["flush"]
     for name, terms in phases.items():
         if tuple(terms) != PHASES[name]:
             raise AssertionError(f"phase {name}: terms {tuple(terms)} != {PHASES[name]}")
     counts = {"parameters": shape.parameter_count, "trainable_parameters": p}
     return MemoryEstimate(layout=layout, phases=phases, counts=counts)
+
+
+def _shard_rows_elements(rows: list[tuple[int, int]], world: int) -> int:
+    """Elements of rank 0's ``Shard(0)`` rows (the most: dim 0 split rounded up)."""
+    return sum(_ceil_div(r, world) * n for r, n in rows)
+
+
+def _flush_bytes(rows: list[tuple[int, int]], world: int) -> int:
+    """A flush's buffers at its largest tensor: the padded whole gradient it reduce-scatters
+    and this rank's output rows (float32, one tensor at a time)."""
+    return 4 * (world + 1) * max(_ceil_div(r, world) * n for r, n in rows)
 
 
 def check_learner_memory(shape: ModelShape, layout: LearnerLayout, gpu_bytes: int) -> None:
@@ -533,7 +613,8 @@ def check_learner_memory(shape: ModelShape, layout: LearnerLayout, gpu_bytes: in
 
 def layout_of(config: Any) -> LearnerLayout:
     """The layout a GRPO ``TrainConfig`` gives a learner rank: its ranks, sharding, compute
-    dtype, open groups, release rule and whether it runs packs; a backward of
+    dtype, open groups, release rule, whether it runs packs and holds the batch gradient
+    sharded (``learner_sharded_gradient``); a backward of
     ``learner_pack_tokens`` or of the longest response (``rollout.max_total_tokens``), after
     a prompt of the rest of the context (``rollout.max_model_len``): the longest the run may
     see."""
@@ -549,6 +630,7 @@ def layout_of(config: Any) -> LearnerLayout:
         prefix_tokens=max(rollout.max_model_len - rollout.max_total_tokens - 1, 0),
         group_size=config.group_size,
         packs=config.packs,
+        sharded_gradient=config.learner_sharded_gradient,
     )
 
 
