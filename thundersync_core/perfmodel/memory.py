@@ -97,7 +97,10 @@ between and the peak is the larger end.
 release="trajectory" bounds a backward with held sources admitted before a flush).
 ``sharded_streaming_state`` (a projection, not built) shards, on top of it, the statistics,
 the combination and its temporaries 1/W; a close then adds its rows straight into the
-shards, so nothing is pending.
+shards, so nothing is pending. That needs ranks that share their groups (each rank a 1/W
+slice of all k open groups, its trajectories spread over the ranks in lockstep packs):
+sharding each rank's own k groups over the ranks would leave every rank 1/W of W k groups,
+the same bytes as today.
 
 Not modelled: allocator caching and fragmentation on the GPU, CUDA context and NCCL
 buffers, the load at start-up (the float32 model and its copy), pack rows (a pack of B rows
@@ -376,7 +379,8 @@ class LearnerLayout:
     #: ``Shard(0)`` rows, closes added into a whole pending buffer until the next flush.
     sharded_gradient: bool = False
     #: A projection, not built: on top of the sharded gradient, the statistics and a close's
-    #: combination held 1/W per rank too (a close adds its rows straight into the shards).
+    #: combination held 1/W per rank too (a close adds its rows straight into the shards);
+    #: ``open_groups`` are then groups every rank shares, not each rank's own.
     sharded_streaming_state: bool = False
     #: torch's AdamW takes its foreach path on CUDA and a loop over tensors on CPU.
     adamw_foreach: bool = True
