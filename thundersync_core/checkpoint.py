@@ -90,13 +90,17 @@ def _write_checkpoint(
     if all(p.dtype == export_dtype for p in model.parameters()):
         model.save_pretrained(staging / "model", safe_serialization=True)
     else:
-        from thundersync_core.parallel.fsdp import write_safetensors_streamed  # noqa: PLC0415
+        from thundersync_core.parallel.fsdp import (  # noqa: PLC0415
+            cast_named,
+            named_detached,
+            write_safetensors_streamed,
+        )
 
-        write_safetensors_streamed(staging / MASTER_FILE, _named(model))
+        write_safetensors_streamed(staging / MASTER_FILE, named_detached(model))
         (staging / "model").mkdir()
         write_safetensors_streamed(
             staging / "model" / "model.safetensors",
-            ((name, t.to(export_dtype)) for name, t in _named(model)),
+            cast_named(named_detached(model), export_dtype),
         )
         save_model_config(model.config, staging / "model", export_dtype)
         if getattr(model, "generation_config", None) is not None:
@@ -111,15 +115,15 @@ def _write_checkpoint(
     state = {
         "step": step,
         "policy_version": version,
-        "export_dtype": str(export_dtype).removeprefix("torch."),
+        "export_dtype": dtype_name(export_dtype),
         "extra": extra or {},
     }
     (staging / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
-def _named(model: torch.nn.Module) -> Any:
-    for name, p in model.named_parameters():
-        yield name, p.detach()
+def dtype_name(dtype: torch.dtype) -> str:
+    """``bfloat16`` for ``torch.bfloat16`` (as config.json and state.json spell it)."""
+    return str(dtype).removeprefix("torch.")
 
 
 def save_model_config(config: Any, folder: Path, dtype: torch.dtype) -> None:
@@ -127,8 +131,8 @@ def save_model_config(config: Any, folder: Path, dtype: torch.dtype) -> None:
     config.save_pretrained(folder)
     path = Path(folder) / "config.json"
     record = json.loads(path.read_text())
-    name = str(dtype).removeprefix("torch.")
-    record["torch_dtype" if "torch_dtype" in record and "dtype" not in record else "dtype"] = name
+    key = "torch_dtype" if "torch_dtype" in record and "dtype" not in record else "dtype"
+    record[key] = dtype_name(dtype)
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 

@@ -102,7 +102,6 @@ class ShardedGradient:
         self.device = params[0].device
         self.shards: list[torch.Tensor] = []
         self.pending: list[torch.Tensor | None] | None = None
-        self.flushes = 0
         self.reset()
 
     def reset(self) -> None:
@@ -113,7 +112,6 @@ class ShardedGradient:
             rows = (stop - start, *shape[1:])
             self.shards.append(torch.zeros(rows, dtype=self.dtype, device=self.device))
         self.pending = None
-        self.flushes = 0
 
     def add(self, grads: Sequence[torch.Tensor | None], coeff: float = 1.0) -> None:
         if self.pending is None:
@@ -145,7 +143,6 @@ class ShardedGradient:
             dist.reduce_scatter_tensor(out, full, group=self.group)
             del full
             self.shards[i].add_(out[: self.shards[i].shape[0]])
-        self.flushes += 1
 
     def nbytes(self) -> int:
         held = [*self.shards, *(t for t in self.pending or [] if t is not None)]

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from thundersync_core.checkpoint import (
     STATE_FILE,
     checkpoint_dir,
+    dtype_name,
     refuse_weights_only,
     save_model_config,
 )
@@ -92,7 +93,7 @@ def save_group_checkpoint(
             "policy_version": policy_version,
             "world_size": world,
             "sharding": sharding,
-            "export_dtype": str(export_dtype).removeprefix("torch."),
+            "export_dtype": dtype_name(export_dtype),
             "extra": extra or {},
         }
         (staging / STATE_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -120,14 +120,14 @@ class _WholeMaster:
         """The float32 master is what a checkpoint and an engine load (cast to ``dtype``
         for a checkpoint's export)."""
         if _rank() == 0:
-            write_safetensors_streamed(path, _cast(_named_detached(self.master), dtype))
+            write_safetensors_streamed(path, cast_named(named_detached(self.master), dtype))
 
     def checkpoint_module(self) -> torch.nn.Module:
         return self.master
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The weights a publication carries, one tensor at a time."""
-        return _named_detached(self.master)
+        return named_detached(self.master)
 
 
 class ReplicatedState(_WholeMaster):
@@ -320,12 +320,9 @@ class ShardedState:
                 replica_p.copy_(master_p.full_tensor().to(replica_p.dtype))
 
     def write_weights(self, path: Path, dtype: torch.dtype | None = None) -> None:
-        same_dtype = all(r.dtype == torch.float32 for _, r, _ in self.pairs)
-        if same_dtype:
-            if _rank() == 0:
-                write_safetensors_streamed(path, _cast(_named_detached(self.model), dtype))
-            return
-        write_safetensors_streamed(path, _cast(self._gathered(), dtype), write=_rank() == 0)
+        """Rank 0 writes what a publication carries; every rank walks it (a gather)."""
+        weights = cast_named(self.named_weights(), dtype)
+        write_safetensors_streamed(path, weights, write=_rank() == 0)
 
     def _gathered(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, _, master_p in self.pairs:
@@ -341,7 +338,7 @@ class ShardedState:
         """The weights a publication carries: the float32 replica as it is (it equals the
         master), or else each master tensor gathered in turn (every rank iterates)."""
         if all(r.dtype == torch.float32 for _, r, _ in self.pairs):
-            return _named_detached(self.model)
+            return named_detached(self.model)
         return self._gathered()
 
     def state_bytes(self) -> dict[str, int]:
@@ -466,14 +463,16 @@ def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Modu
     return model
 
 
-def _cast(
+def cast_named(
     named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """``named`` with each tensor in ``dtype`` (as it is for None), one at a time."""
     for name, tensor in named:
         yield name, tensor if dtype is None else tensor.to(dtype)
 
 
-def _named_detached(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def named_detached(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's parameters by name, detached, one at a time."""
     for name, p in model.named_parameters():
         yield name, p.detach()
 

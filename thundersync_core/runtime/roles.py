@@ -250,19 +250,13 @@ def give_engines_the_master(config: TrainConfig, learner: Any, rollout: Any) -> 
     run samples."""
     import ray  # noqa: PLC0415
 
-    from thundersync_core.schedules.base import check_publication  # noqa: PLC0415
+    from thundersync_core.schedules.base import publish_weights  # noqa: PLC0415
 
-    version = int(ray.get(learner.version.remote()))
     if config.rollout.publication == "collective":
-        verify = config.rollout.verify_publication
-        sent, (_, reports) = ray.get(
-            [learner.send_weights.remote(verify), rollout.receive_weights.remote(version, verify)]
-        )
-        if verify:
-            check_publication(version, sent, reports)
-        return
-    path, version = ray.get(learner.weights_and_version.remote())
-    ray.get(rollout.load_weights.remote(path, version))
+        path, version = "", int(ray.get(learner.version.remote()))
+    else:
+        path, version = ray.get(learner.weights_and_version.remote())
+    publish_weights(config, learner, rollout, version, path)
 
 
 def role_fault(exc: BaseException, roles: Any, engine_fault: str | None = None) -> str | None:

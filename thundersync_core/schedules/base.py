@@ -161,24 +161,36 @@ def submit_turn(ctx: RunContext, ready: TurnReady) -> Any:
 
 def publish_now(ctx: RunContext, learner_metrics: dict[str, Any]) -> tuple[float, float]:
     """Load the new weights into the engine; (start, acknowledged) times."""
+    t0 = time.time()
+    ack, sent = publish_weights(
+        ctx.config,
+        ctx.roles.learner,
+        ctx.roles.rollout,
+        learner_metrics["policy_version"],
+        learner_metrics["weights"],
+    )
+    if sent is not None:
+        learner_metrics["publication_bytes"] = sent
+    return t0, ack
+
+
+def publish_weights(
+    config: TrainConfig, learner: Any, rollout: Any, version: int, weights: str
+) -> tuple[float, int | None]:
+    """The learner's current weights into every engine, by the configured publication (a
+    broadcast, checked when ``verify_publication``; or the file ``weights``); returns the
+    time the engines had them and the bytes broadcast (None for a file)."""
     import ray  # noqa: PLC0415
 
-    t0 = time.time()
-    version = learner_metrics["policy_version"]
-    if ctx.config.rollout.publication == "collective":
-        verify = ctx.config.rollout.verify_publication
+    if config.rollout.publication == "collective":
+        verify = config.rollout.verify_publication
         sent, (ack, reports) = ray.get(
-            [
-                ctx.roles.learner.send_weights.remote(verify),
-                ctx.roles.rollout.receive_weights.remote(version, verify),
-            ]
+            [learner.send_weights.remote(verify), rollout.receive_weights.remote(version, verify)]
         )
         if verify:
             check_publication(version, sent, reports)
-        learner_metrics["publication_bytes"] = sent["bytes"]
-        return t0, float(ack)
-    ack = ray.get(ctx.roles.rollout.load_weights.remote(learner_metrics["weights"], version))
-    return t0, float(ack)
+        return float(ack), int(sent["bytes"])
+    return float(ray.get(rollout.load_weights.remote(weights, version))), None
 
 
 def check_publication(version: int, sent: dict[str, Any], reports: Sequence[Any]) -> None:
