@@ -189,7 +189,7 @@ def _evaluate_checkpoint(
         raise FileNotFoundError(f"checkpoint {checkpoint.path}: model/ holds no config.json")
     tokenizer = load_tokenizer(tokenizer_dir or checkpoint.model_dir)
     engine = engines.for_checkpoint(checkpoint)
-    rows = evaluate(engine, tokenizer, pools, settings)  # type: ignore[arg-type]
+    rows = evaluate(engine, tokenizer, pools, settings, model_dir=checkpoint.model_dir)  # type: ignore[arg-type]
     tags = {
         "run": checkpoint.run,
         "schedule": checkpoint.schedule,

@@ -39,6 +39,17 @@ def _add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="Docker image (--backend docker; default thundersync-sandbox)")
     p.add_argument("--seed", default=0, type=int)
     p.add_argument("--temperature", default=1.0, type=float)
+    p.add_argument("--top-p", default=1.0, type=float)
+    p.add_argument("--top-k", default=0, type=int, help="0: no top-k filter")
+    p.add_argument(
+        "--action-format", default="bash_block", choices=["bash_block", "tool_calls"],
+        help="fenced bash blocks, or the chat template's own tool calls (as trained)",
+    )  # fmt: skip
+    p.add_argument("--tool-call-format", default="auto", choices=["auto", "hermes", "json"])
+    p.add_argument(
+        "--enable-thinking", default=None, choices=["true", "false"],
+        help="a thinking template's switch (default: the template's own)",
+    )  # fmt: skip
     p.add_argument("--max-turns", default=4, type=int)
     p.add_argument("--max-tokens-per-turn", default=64, type=int)
     p.add_argument("--command-timeout", default=10.0, type=float, help="seconds per command")
@@ -120,6 +131,11 @@ def _settings(args: argparse.Namespace) -> Any:
         max_tokens_per_turn=args.max_tokens_per_turn,
         command_timeout_s=args.command_timeout,
         temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        action_format=args.action_format,
+        tool_call_format=args.tool_call_format,
+        enable_thinking=None if args.enable_thinking is None else args.enable_thinking == "true",
         seed=args.seed,
         backend=args.backend,
         docker_image=args.image,

@@ -23,7 +23,8 @@ from typing import Any
 
 from eval.passk import AttemptResult, pass_at_k_by_task, score, task_counts
 from thundersync_core.rollout.agent import Agent, AgentConfig, AgentTask, EpisodeSpec, Tokenizer
-from thundersync_core.rollout.engine import RolloutEngine, SamplingConfig
+from thundersync_core.rollout.chat import chat_format, sampling_config
+from thundersync_core.rollout.engine import RolloutEngine
 from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox
 from thundersync_core.rollout.tasks import load_terminal_task, load_terminal_tasks
 
@@ -48,6 +49,13 @@ class EvalSettings:
     max_context_tokens: int = 4096
     command_timeout_s: float = 10.0
     temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    #: The conversation format (``rollout/chat.py``): as the policy was trained.
+    action_format: str = "bash_block"
+    tool_call_format: str = "auto"
+    enable_thinking: bool | None = None
+    template_check: bool = True
     seed: int = 0
     backend: str = "local"
     docker_image: str | None = None
@@ -174,8 +182,11 @@ def evaluate(
     tokenizer: Tokenizer,
     pools: Mapping[str, Sequence[AgentTask]],
     settings: EvalSettings,
+    *,
+    model_dir: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Run k attempts of every task of every pool; one result row per attempt, in order."""
+    """Run k attempts of every task of every pool; one result row per attempt, in order.
+    ``model_dir``: the checkpoint folder whose generation config names the stop tokens."""
     config = AgentConfig(
         max_turns=settings.max_turns,
         max_tokens_per_turn=settings.max_tokens_per_turn,
@@ -189,7 +200,7 @@ def evaluate(
         memory_mb=2048,
         cpu_s=int(max(settings.grade_timeout_s, settings.command_timeout_s)) + 1,
     )
-    end_id = int(tokenizer.convert_tokens_to_ids(config.end_of_turn))
+    chat = chat_format(tokenizer, model_dir, settings)
     agent = Agent(
         engine,
         tokenizer,
@@ -199,8 +210,9 @@ def evaluate(
             image=settings.docker_image if settings.backend == "docker" else None,
         ),
         config=config,
-        sampling=SamplingConfig(temperature=settings.temperature, stop_token_ids=(end_id,)),
+        sampling=sampling_config(settings, chat.stop_token_ids),
         base_seed=settings.seed,
+        chat=chat,
     )
     planned = _specs(pools, settings.k)
     rows: list[dict[str, Any]] = []
@@ -258,7 +270,7 @@ def run_eval(
     started = time.perf_counter()
     engine = make_engine(engine_kind, Path(model_dir))
     try:
-        rows = evaluate(engine, tokenizer, pools, settings)  # type: ignore[arg-type]
+        rows = evaluate(engine, tokenizer, pools, settings, model_dir=Path(model_dir))  # type: ignore[arg-type]
     finally:
         engine.close()
     info = {"engine": type(engine).__name__, "wall_s": round(time.perf_counter() - started, 2)}

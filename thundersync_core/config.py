@@ -146,6 +146,26 @@ class RolloutConfig(_Strict):
     observation_tokens: int = Field(default=128, ge=16)
     command_timeout_s: float = Field(default=10.0, gt=0)
     temperature: float = Field(default=1.0, gt=0)
+    #: Nucleus and top-k filters of the sampler (1.0 / 0: none). The behaviour log-probs
+    #: the engines report, and the learner's log-probs, are those of the distribution
+    #: sampled: temperature, then top-k, then top-p (see ``policy/logprobs.py``).
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    #: How the policy acts: ``bash_block``, a fenced bash block in its reply (observations
+    #: come back as user messages); ``tool_calls``, its chat template's own tool-call
+    #: syntax for a ``bash`` and a ``submit`` tool (observations as tool messages).
+    action_format: Literal["bash_block", "tool_calls"] = "bash_block"
+    #: The tool-call syntax: ``hermes`` (``<tool_call>{json}</tool_call>``, Qwen), ``json``
+    #: (one ``{"name", "parameters"}`` object, Llama 3); ``auto``: hermes when the
+    #: tokenizer has a ``<tool_call>`` token.
+    tool_call_format: Literal["auto", "hermes", "json"] = "auto"
+    #: A thinking template's switch (Qwen3's ``enable_thinking``), passed to the chat
+    #: template; empty: not passed (the template's default). Actions are parsed after
+    #: ``</think>``.
+    enable_thinking: bool | None = None
+    #: At start, render one episode through the chat template and refuse the run when the
+    #: agent's token-by-token sequence differs from it (``rollout/chat.py``).
+    template_check: bool = True
     #: Episodes in flight at once (0: the whole batch). Fewer makes rollout waves: a
     #: finished episode's slot goes to a waiting one, so rewards land throughout the stage.
     max_live_episodes: int = Field(default=0, ge=0)

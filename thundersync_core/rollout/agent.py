@@ -8,6 +8,9 @@ trajectory. Limits on turns, tokens per turn, total action tokens and context le
 trajectory with a recorded finish reason. Observations are cut to a token budget, keeping
 head and tail around an elision marker.
 
+The conversation format (prompt, the template's glue around observations, stop tokens, bash
+blocks or native tool calls, thinking) is the checkpoint's own: see ``chat.py``.
+
 Episodes run concurrently: each round sends every live trajectory's next request to the
 engine in one batched ``generate`` call, then runs their commands in parallel sandboxes.
 ``stream`` yields events as they happen: a ``TurnReady`` after each action (with the
@@ -22,7 +25,6 @@ Action tokens are exactly the sampled ids; the observation segment carries the c
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,6 +33,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from thundersync_core.batch import Segment, Trajectory, Turn
+from thundersync_core.rollout.chat import (
+    BASH_SYSTEM_PROMPT,
+    NO_BLOCK,
+    Action,
+    ChatFormat,
+    parse_action,
+)
 from thundersync_core.rollout.engine import (
     GenerationRequest,
     RolloutEngine,
@@ -40,12 +49,17 @@ from thundersync_core.rollout.engine import (
 from thundersync_core.rollout.grading import GraderError, GradeResult
 from thundersync_core.rollout.sandbox.base import ExecResult, Sandbox
 
-SYSTEM_PROMPT = (
-    "You are an agent working in a Linux shell. Reply with one command in a fenced block:\n"
-    "```bash\n<command>\n```\nWhen the task is done, reply with:\n```bash\nsubmit\n```"
-)
-PARSE_ERROR = "No command found: reply with one ```bash block, closing ``` on its own line."
-_BLOCK = re.compile(r"```(?:bash|sh)?[ \t]*\n(.*?)\n```[ \t]*(?:\n|$)", re.DOTALL)
+SYSTEM_PROMPT = BASH_SYSTEM_PROMPT
+PARSE_ERROR = NO_BLOCK
+__all__ = [
+    "PARSE_ERROR",
+    "SYSTEM_PROMPT",
+    "Agent",
+    "AgentConfig",
+    "EpisodeSpec",
+    "TurnReady",
+    "parse_action",
+]
 
 
 def grader_pool(max_workers: int, cores: Sequence[int] = ()) -> ThreadPoolExecutor:
@@ -130,16 +144,6 @@ class _Live:
         self.events.append({"event": kind, "time": time.time(), **info})
 
 
-def chat_prompt_ids(tokenizer: Tokenizer, system_prompt: str, instruction: str) -> tuple[int, ...]:
-    messages = [
-        {"role": "system", "content": system_prompt},
-        {"role": "user", "content": instruction},
-    ]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    prompt_ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-    return tuple(int(i) for i in prompt_ids)
-
-
 def _admitted(
     pending: deque[EpisodeSpec], room: int | None, admit: Callable[[EpisodeSpec], bool] | None
 ) -> list[EpisodeSpec]:
@@ -150,12 +154,6 @@ def _admitted(
             break
         out.append(pending.popleft())
     return out
-
-
-def parse_action(text: str) -> str | None:
-    """The first fenced bash block's body, or None when there is no well-formed block."""
-    match = _BLOCK.search(text)
-    return match.group(1) if match else None
 
 
 def truncate_tokens(ids: list[int], budget: int, tokenizer: Tokenizer) -> list[int]:
@@ -191,13 +189,20 @@ class Agent:
         base_seed: int = 0,
         max_workers: int = 8,
         grader_cores: Sequence[int] = (),
+        chat: ChatFormat | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.sandbox_factory = sandbox_factory
         self.config = config or AgentConfig()
-        self.end_id = int(tokenizer.convert_tokens_to_ids(self.config.end_of_turn))
-        self.sampling = sampling or SamplingConfig(stop_token_ids=(self.end_id,))
+        #: The checkpoint's conversation format; by default fenced bash blocks in the
+        #: template of ``tokenizer``, replies ending with ``config.end_of_turn``.
+        self.chat = chat or ChatFormat(
+            tokenizer,
+            stop_token_ids=(int(tokenizer.convert_tokens_to_ids(self.config.end_of_turn)),),
+            system_prompt=self.config.system_prompt,
+        )
+        self.sampling = sampling or SamplingConfig(stop_token_ids=self.chat.stop_token_ids)
         self.base_seed = base_seed
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sandbox")
         # Graders get their own threads: a finished trajectory's reward must not wait
@@ -276,7 +281,7 @@ class Agent:
 
     def prompt_ids(self, instruction: str) -> tuple[int, ...]:
         """The chat-formatted prompt of a task: what every trajectory of its group starts with."""
-        return chat_prompt_ids(self.tokenizer, self.config.system_prompt, instruction)
+        return self.chat.prompt_ids(instruction)
 
     def _start(self, spec: EpisodeSpec) -> _Live:
         setup_start = time.time()
@@ -334,13 +339,11 @@ class Agent:
             )
             episode.turn_versions.append(result.policy_version)
             episode.action_tokens += len(result.token_ids)
-            ended = bool(result.token_ids) and result.token_ids[-1] == self.end_id
-            text = self.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
-            commands.append((episode, parse_action(text), ended))
+            commands.append((episode, self.chat.parse(result.token_ids), result.token_ids))
         observations = list(self.pool.map(lambda c: self._execute(c[0], c[1]), commands))
-        for (episode, _, ended), observation in zip(commands, observations, strict=True):
+        for (episode, _, reply), observation in zip(commands, observations, strict=True):
             if observation is not None:
-                self._append_observation(episode, observation, ended)
+                self._append_observation(episode, observation, reply)
             if (
                 episode.finish_reason is None
                 and len(episode.turn_versions) >= self.config.max_turns
@@ -362,12 +365,13 @@ class Agent:
             return 0
         return min(cfg.max_tokens_per_turn, left_total, left_context)
 
-    def _execute(self, episode: _Live, command: str | None) -> str | None:
-        if command is None:
-            return PARSE_ERROR
-        if command.strip() == "submit":
+    def _execute(self, episode: _Live, action: Action) -> str | None:
+        if action.error is not None:
+            return action.error
+        if action.submit:
             episode.finish_reason = "submitted"
             return None
+        command = action.command or ""
         if "\x00" in command:
             # No shell can take a NUL byte; the policy hears why instead of the batch failing.
             return "exit code: 127\nstderr:\nthe command contains a NUL byte and was not run"
@@ -381,20 +385,14 @@ class Agent:
         )
         return format_observation(result)
 
-    def _append_observation(self, episode: _Live, text: str, ended: bool) -> None:
+    def _append_observation(self, episode: _Live, text: str, reply: Sequence[int]) -> None:
         body = truncate_tokens(
             # verbose=False: outputs longer than the model's context are expected here.
             self.tokenizer.encode(text, add_special_tokens=False, verbose=False),
             self.config.observation_tokens,
             self.tokenizer,
         )
-        glue_before = ("" if ended else self.config.end_of_turn) + "\n<|im_start|>user\n"
-        glue_after = "<|im_end|>\n<|im_start|>assistant\n"
-        ids = (
-            self.tokenizer.encode(glue_before, add_special_tokens=False)
-            + body
-            + self.tokenizer.encode(glue_after, add_special_tokens=False)
-        )
+        ids = self.chat.observation_ids(body, after=reply)
         if episode.context_len + len(ids) > self.config.max_context_tokens:
             episode.finish_reason = "context_length"
             return

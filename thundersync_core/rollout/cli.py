@@ -26,6 +26,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-turns", default=4, type=int)
     p.add_argument("--max-tokens-per-turn", default=64, type=int)
     p.add_argument("--limit", default=0, type=int, help="use only the first N tasks (0: all)")
+    p.add_argument("--action-format", default="bash_block", choices=["bash_block", "tool_calls"])
+    p.add_argument(
+        "--enable-thinking", default=None, choices=["true", "false"],
+        help="a thinking template's switch (default: the template's own)",
+    )  # fmt: skip
 
 
 def make_engine(
@@ -51,8 +56,10 @@ def make_engine(
 
 def run(args: argparse.Namespace) -> int:
     from thundersync_core.batch import trajectory_to_json
+    from thundersync_core.config import RolloutConfig
     from thundersync_core.policy.io import load_tokenizer
     from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec
+    from thundersync_core.rollout.chat import chat_format, sampling_config
     from thundersync_core.rollout.sandbox import open_sandbox
     from thundersync_core.rollout.sandbox.base import SandboxLimits
     from thundersync_core.rollout.tasks import load_terminal_tasks
@@ -66,12 +73,17 @@ def run(args: argparse.Namespace) -> int:
     engine = make_engine(args.engine, args.model)
     config = AgentConfig(max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn)
     limits = SandboxLimits(timeout_s=config.command_timeout_s)
+    thinking = None if args.enable_thinking is None else args.enable_thinking == "true"
+    rollout = RolloutConfig(action_format=args.action_format, enable_thinking=thinking)
+    chat = chat_format(tokenizer, args.model, rollout)  # type: ignore[arg-type]
     agent = Agent(
         engine,
         tokenizer,  # type: ignore[arg-type]
         lambda: open_sandbox(args.backend, limits=limits),
         config=config,
+        sampling=sampling_config(rollout, chat.stop_token_ids),
         base_seed=args.seed,
+        chat=chat,
     )
     specs = [
         EpisodeSpec(task, group_id=task.task_id, trajectory_id=f"{task.task_id}/{i}")

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from thundersync_core.batch import Trajectory
 from thundersync_core.config import RolloutConfig, RolloutResources
 from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, TurnReady
-from thundersync_core.rollout.engine import SamplingConfig, gone_processes
+from thundersync_core.rollout.chat import chat_format, sampling_config
+from thundersync_core.rollout.engine import gone_processes
 from thundersync_core.runtime.placement import check_cores, pin_to_cores
 from thundersync_core.streaming.base import LearnerRefusal
 
@@ -101,7 +102,7 @@ class RolloutWorker:
             command_timeout_s=config.command_timeout_s,
         )
         limits = SandboxLimits(timeout_s=config.command_timeout_s)
-        end_id = int(tokenizer.convert_tokens_to_ids(agent_config.end_of_turn))  # type: ignore[attr-defined]
+        chat = chat_format(tokenizer, Path(model_dir), config)  # type: ignore[arg-type]
         self.agent = Agent(
             self.engine,
             tokenizer,  # type: ignore[arg-type]
@@ -111,7 +112,8 @@ class RolloutWorker:
                 image=config.docker_image if config.backend == "docker" else None,
             ),
             config=agent_config,
-            sampling=SamplingConfig(temperature=config.temperature, stop_token_ids=(end_id,)),
+            sampling=sampling_config(config, chat.stop_token_ids),
+            chat=chat,
             base_seed=seed,
             grader_cores=config.grader_cores,
         )

@@ -31,6 +31,7 @@ from thundersync_core.rollout.agent import (
     parse_action,
     truncate_tokens,
 )
+from thundersync_core.rollout.chat import ChatFormat
 from thundersync_core.rollout.sandbox.base import ExecResult, Sandbox
 from thundersync_core.rollout.tasks import TerminalTask
 
@@ -98,15 +99,12 @@ class AgentFormat:
         self.tokenizer = tokenizer
         self.config = config or AgentConfig()
         self.end_id = int(tokenizer.convert_tokens_to_ids(self.config.end_of_turn))
+        self.chat = ChatFormat(
+            tokenizer, stop_token_ids=(self.end_id,), system_prompt=self.config.system_prompt
+        )
 
     def prompt_ids(self, instruction: str) -> tuple[int, ...]:
-        messages = [
-            {"role": "system", "content": self.config.system_prompt},
-            {"role": "user", "content": instruction},
-        ]
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-        return tuple(int(i) for i in ids)
+        return self.chat.prompt_ids(instruction)
 
     def action_ids(self, text: str) -> tuple[int, ...]:
         """The sampled ids of a reply ``text``: its tokens, then the stop token."""
@@ -119,11 +117,7 @@ class AgentFormat:
             self.config.observation_tokens,
             self.tokenizer,
         )
-        before = self.tokenizer.encode("\n<|im_start|>user\n", add_special_tokens=False)
-        after = self.tokenizer.encode(
-            "<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
-        )
-        return (*before, *body, *after)
+        return tuple(self.chat.observation_ids(body, after=(self.end_id,)))
 
     def episode(self, solved: SolvedEpisode) -> Trajectory:
         """The solved episode as the learner-ready trajectory the agent would have logged."""
