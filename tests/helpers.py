@@ -10,6 +10,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -260,3 +261,22 @@ def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     """max |a - b| over every tensor, relative to max |a|."""
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     return diff / max(float(a[k].abs().max()) for k in a)
+
+
+def reference_sampling_row(logits: list[float], f: Any) -> list[float]:
+    """One row by hand: scale, keep the k largest, then keep (most likely first) each token
+    while the mass before it is below top_p; log-softmax over what is kept."""
+    z = [x / f.temperature for x in logits]
+    order = sorted(range(len(z)), key=lambda i: -z[i])
+    kept = order[: f.top_k] if f.top_k else order
+    norm = max(z[i] for i in kept)
+    total = sum(math.exp(z[i] - norm) for i in kept)
+    probs = {i: math.exp(z[i] - norm) / total for i in kept}
+    nucleus, before = [], 0.0
+    for i in kept:
+        if before >= f.top_p and nucleus:
+            break
+        nucleus.append(i)
+        before += probs[i]
+    log_total = math.log(sum(math.exp(z[i] - norm) for i in nucleus)) + norm
+    return [z[i] - log_total if i in nucleus else -math.inf for i in range(len(z))]

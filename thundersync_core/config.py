@@ -147,8 +147,10 @@ class RolloutConfig(_Strict):
     command_timeout_s: float = Field(default=10.0, gt=0)
     temperature: float = Field(default=1.0, gt=0)
     #: Nucleus and top-k filters of the sampler (1.0 / 0: none). The behaviour log-probs
-    #: the engines report, and the learner's log-probs, are those of the distribution
-    #: sampled: temperature, then top-k, then top-p (see ``policy/logprobs.py``).
+    #: the engines report are of the distribution sampled (temperature, then top-k, then
+    #: top-p); the learner's policy is the tempered softmax over the whole vocabulary, and
+    #: the off-policy schedules' importance weights correct toward it
+    #: (``policy/logprobs.py``).
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0)
     #: How the policy acts: ``bash_block``, a fenced bash block in its reply (observations

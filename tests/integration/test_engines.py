@@ -9,8 +9,10 @@ import psutil
 import pytest
 import torch
 
+from tests.helpers import reference_sampling_row
 from thundersync_core.batch import Segment, Trajectory
 from thundersync_core.policy import load_model, scored_logprobs
+from thundersync_core.policy.logprobs import SamplingFilter, set_policy_sampling
 from thundersync_core.rollout.engine import GenerationRequest, SamplingConfig, request_seed
 from thundersync_core.rollout.hf_engine import HFEngine
 from thundersync_core.rollout.weights import WeightPublisher
@@ -132,3 +134,50 @@ def test_vllm_engine_core_process_is_found(vllm_engine):
     core = psutil.Process(pid)
     assert core.ppid() == os.getpid()
     assert core.name().startswith("VLLM::EngineCor")
+
+
+SAMPLER = SamplingConfig(temperature=0.7, top_p=0.9, top_k=0)
+
+
+def reference_sampled_logprobs(model64, request, result, sampler) -> list[float]:
+    """Each sampled token's log-prob under the sampler, from a float64 forward and the
+    written-out filter (``reference_sampling_row``)."""
+    ids = list(request.prompt_ids) + list(result.token_ids)
+    with torch.no_grad():
+        logits = model64(input_ids=torch.tensor([ids])).logits[0]
+    start = len(request.prompt_ids)
+    return [
+        reference_sampling_row(logits[start + i - 1].tolist(), sampler)[token]
+        for i, token in enumerate(result.token_ids)
+    ]
+
+
+@pytest.mark.parametrize("engine_kind", ["hf", "vllm"])
+def test_behaviour_logprobs_are_the_sampled_distributions(
+    engine_kind, vllm_engine, tiny_policy_dir
+):
+    """At temperature 0.7 with a 0.9 nucleus both engines report the log-prob of each sampled
+    token under the distribution sampled, as a plain float64 recompute gives it; the
+    learner's policy (the tempered softmax) gives each token at most that."""
+    if engine_kind == "vllm":
+        engine = vllm_engine
+        # The session's engine may hold published weights: give it the folder's again.
+        engine.load_weights(tiny_policy_dir / "model.safetensors", engine.policy_version)
+    else:
+        engine = HFEngine(tiny_policy_dir)
+    reqs = requests(n=4, max_tokens=16)
+    results = engine.generate(reqs, SAMPLER)
+    model64 = load_model(tiny_policy_dir, dtype=torch.float64)
+    learner = load_model(tiny_policy_dir)
+    set_policy_sampling(learner, SamplingFilter(SAMPLER.temperature))
+    worst, cut = 0.0, 0
+    for request, result in zip(reqs, results, strict=True):
+        want = torch.tensor(reference_sampled_logprobs(model64, request, result, SAMPLER))
+        got = torch.tensor(result.logprobs, dtype=torch.float64)
+        assert bool(torch.isfinite(want).all()), "a sampled token outside the nucleus"
+        worst = max(worst, float((want - got).abs().max()))
+        tempered = learner_logprobs(learner, request, result).double()
+        assert bool((tempered <= got + 1e-4).all())
+        cut += int((tempered < got - 1e-3).sum())
+    assert worst <= 1e-4, f"{engine_kind}: behaviour log-probs off by {worst:.2e}"
+    assert cut > 0  # the nucleus renormalised some steps: a raw log-prob would be caught

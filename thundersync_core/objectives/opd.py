@@ -69,7 +69,10 @@ def vocab_kl(
     top_NK = top_logprobs_NK.to(logp_NV.dtype)
     tail_N = (1.0 - top_NK.exp().sum(-1)).clamp_min(TAIL_MASS_FLOOR) / max(n_vocab - k, 1)
     logq_NV = tail_N.log()[:, None].expand_as(logp_NV).scatter(-1, top_ids_NK, top_NK)
-    return (logp_NV.exp() * (logp_NV - logq_NV)).sum(-1)
+    # Tokens a top-k/top-p sampler never draws have log-prob -inf and add nothing (0 log 0
+    # = 0); a finite stand-in keeps their 0 * inf out of the sum and the gradient.
+    finite_NV = logp_NV.masked_fill(~torch.isfinite(logp_NV), 0.0)
+    return (logp_NV.exp() * (finite_NV - logq_NV)).sum(-1)
 
 
 def turn_vocab_loss(

@@ -7,15 +7,83 @@ the output projection (the V-wide logits are the largest activation of a small m
 
 Works with any Hugging Face causal LM whose decoder is ``model.base_model`` and whose
 head is ``model.get_output_embeddings()`` with no logit scaling.
+
+A sampler divides the model's logits by the temperature, then cuts them to the top k and
+to the top-p nucleus (``SamplingFilter``); ``sampling_log_softmax`` gives the log-probs of
+that distribution, which the engines report as behaviour log-probs. A learner's model
+carries the filter its log-probs are taken under (``set_policy_sampling``; the training
+stage sets the run's temperature alone, so the learner's policy keeps the whole vocabulary
+as support); without one it is the plain log-softmax.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass(frozen=True)
+class SamplingFilter:
+    """The sampler a policy's tokens come from: temperature, then top-k, then top-p."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 (greedy decoding is not an RL sampler)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def plain(self) -> bool:
+        return self.temperature == 1.0 and self.top_k == 0 and self.top_p == 1.0
+
+
+_SAMPLING_ATTRIBUTE = "thundersync_sampling"
+
+
+def set_policy_sampling(model: torch.nn.Module, sampling: SamplingFilter) -> None:
+    """Make every log-prob this module computes for ``model`` one of ``sampling``'s
+    distribution (the learner's policy is the distribution its engines sample)."""
+    setattr(model, _SAMPLING_ATTRIBUTE, sampling)
+
+
+def policy_sampling(model: torch.nn.Module) -> SamplingFilter:
+    found = getattr(model, _SAMPLING_ATTRIBUTE, None)
+    return found if isinstance(found, SamplingFilter) else SamplingFilter()
+
+
+def sampling_log_softmax(logits_NV: torch.Tensor, sampling: SamplingFilter) -> torch.Tensor:
+    """Log-probs of the sampling distribution over the last axis: logits / temperature;
+    tokens below the k-th largest dropped; then, in ascending order of probability, the
+    tokens whose cumulative probability is at most 1 - top_p dropped (the most likely one
+    always kept); log-softmax over the rest (dropped tokens get -inf). The filters' masks
+    carry no gradient."""
+    if sampling.plain:
+        return F.log_softmax(logits_NV, dim=-1)
+    scaled = logits_NV / sampling.temperature if sampling.temperature != 1.0 else logits_NV
+    with torch.no_grad():
+        drop = torch.zeros_like(scaled, dtype=torch.bool)
+        vocab = scaled.shape[-1]
+        if 0 < sampling.top_k < vocab:
+            kth = torch.topk(scaled, sampling.top_k, dim=-1).values[..., -1:]
+            drop |= scaled < kth
+        if sampling.top_p < 1.0:
+            kept = scaled.masked_fill(drop, float("-inf"))
+            ascending, order = torch.sort(kept, dim=-1)
+            cumulative = torch.softmax(ascending, dim=-1).cumsum(dim=-1)
+            tail = cumulative <= 1.0 - sampling.top_p
+            tail[..., -1] = False
+            drop |= torch.zeros_like(tail).scatter(-1, order, tail)
+    return F.log_softmax(scaled.masked_fill(drop, float("-inf")), dim=-1)
 
 
 def _head_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -58,7 +126,9 @@ def _project(
 ) -> torch.Tensor:
     """log pi(target) for each of N hidden states: the only vocabulary-wide work."""
     logits_NV = model.get_output_embeddings()(hidden_NH)
-    logp_NV = F.log_softmax(logits_NV.to(_head_dtype(logits_NV.dtype)), dim=-1)
+    logp_NV = sampling_log_softmax(
+        logits_NV.to(_head_dtype(logits_NV.dtype)), policy_sampling(model)
+    )
     return logp_NV.gather(-1, targets_N[:, None])[:, 0]
 
 

@@ -160,7 +160,9 @@ def truncate_tokens(ids: list[int], budget: int, tokenizer: Tokenizer) -> list[i
     """Keep head and tail of ``ids`` within ``budget`` tokens around an elision marker."""
     if len(ids) <= budget:
         return ids
-    marker = tokenizer.encode(f"\n[... {len(ids)} tokens, middle elided ...]\n")
+    marker = tokenizer.encode(
+        f"\n[... {len(ids)} tokens, middle elided ...]\n", add_special_tokens=False
+    )
     keep = max(budget - len(marker), 2)
     head, tail = ids[: keep // 2], ids[len(ids) - (keep - keep // 2) :]
     return head + marker + tail

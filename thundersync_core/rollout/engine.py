@@ -1,9 +1,10 @@
 """The rollout engine protocol: token ids in, token ids and sampled log-probs out.
 
 Engines never re-tokenise: a request carries the exact context token ids, a result carries
-the exact sampled ids and, for each, its log-prob under the policy that sampled it (raw
-log-softmax of the logits at temperature 1; at other temperatures, of the logits divided by
-the temperature, i.e. the sampling distribution). Every result reports the policy version
+the exact sampled ids and, for each, its log-prob under the distribution that sampled it
+(the logits divided by the temperature, cut by top-k and top-p, log-softmaxed:
+``policy.logprobs.sampling_log_softmax``; at temperature 1 without filters the plain
+log-softmax). Every result reports the policy version
 of the weights that produced it. Sampling is seeded per request from (base seed, group,
 trajectory, turn), so a trajectory's tokens do not depend on how requests were batched or
 scheduled (see each engine for what it guarantees).

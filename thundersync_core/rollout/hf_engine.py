@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from transformers import DynamicCache, PreTrainedModel
 
 from thundersync_core.policy.io import load_model
+from thundersync_core.policy.logprobs import SamplingFilter, sampling_log_softmax
 from thundersync_core.rollout.engine import (
     FinishReason,
     GenerationRequest,
@@ -76,16 +77,7 @@ class HFEngine:
 
 
 def _sampling_logprobs(logits_V: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """Log-probs of the sampling distribution: temperature, then top-k, then top-p."""
-    if sampling.temperature <= 0:
-        raise ValueError("temperature must be > 0 (greedy decoding is not an RL sampler)")
-    scaled = logits_V / sampling.temperature
-    if sampling.top_k > 0:
-        kth = torch.topk(scaled, min(sampling.top_k, scaled.numel())).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        sorted_V, order = torch.sort(scaled, descending=True)
-        cumulative = torch.softmax(sorted_V, -1).cumsum(-1)
-        drop = cumulative - torch.softmax(sorted_V, -1) > sampling.top_p
-        scaled = scaled.scatter(0, order, sorted_V.masked_fill(drop, float("-inf")))
-    return torch.log_softmax(scaled, -1)
+    """Log-probs of the sampling distribution (the learner's own function)."""
+    return sampling_log_softmax(
+        logits_V, SamplingFilter(sampling.temperature, sampling.top_k, sampling.top_p)
+    )

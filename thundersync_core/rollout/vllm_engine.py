@@ -2,9 +2,11 @@
 
 Requests of one ``generate`` call are coalesced into one batched ``LLM.generate`` call; each
 carries its own seed, so vLLM samples it from its own generator. Token ids go in and come
-out untouched (no detokenisation). Log-probs are vLLM's raw log-probs of the sampled tokens
-(``logprobs_mode="raw_logprobs"``: the model's log-softmax before temperature or filters),
-which is what the learner recomputes. Weights are published by writing a safetensors file
+out untouched (no detokenisation). Log-probs are vLLM's processed log-probs of the sampled
+tokens (``logprobs_mode="processed_logprobs"``: the log-softmax after temperature, top-k
+and top-p, i.e. of the distribution sampled), which is what the learner recomputes
+(``policy.logprobs.sampling_log_softmax``); at temperature 1 without filters they are the
+model's log-softmax. Weights are published by writing a safetensors file
 that the worker extension (``vllm_worker.py``) loads in place.
 """
 
@@ -67,7 +69,7 @@ class VLLMEngine:
             dtype=dtype,
             max_model_len=max_model_len,
             seed=seed,
-            logprobs_mode="raw_logprobs",
+            logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
             enforce_eager=True,
             **engine_kwargs,

@@ -24,6 +24,7 @@ from thundersync_core.checkpoint import load_checkpoint, save_checkpoint
 from thundersync_core.config import TrainConfig
 from thundersync_core.metrics import FlopLedger, measure_peak_flops, turn_token_versions
 from thundersync_core.policy.io import load_model, load_tokenizer
+from thundersync_core.policy.logprobs import SamplingFilter, set_policy_sampling
 from thundersync_core.runtime.placement import pin_to_cores
 from thundersync_core.streaming import (
     StreamingGRPOLearner,
@@ -43,7 +44,12 @@ def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> 
     Sync and thundersync use the same per-source executor by default, so a comparison of
     the two measures the schedule alone (sync hands it every source after the last
     reward); ``sync_learner: batched`` gives sync the padded whole-batch learner instead.
+    The learner's policy is the tempered softmax (``rollout.temperature``): its support is
+    the whole vocabulary, so a token an older policy sampled never has probability 0. The
+    sampler's top-k and top-p live in the behaviour log-probs only, where the off-policy
+    schedules' importance weights correct toward the tempered policy.
     """
+    set_policy_sampling(model, SamplingFilter(config.rollout.temperature))
     off_policy = config.schedule in ("async", "pipeline")
     lag = 0 if not off_policy else (1 if config.schedule == "async" else config.max_staleness)
     is_clip = config.is_clip if off_policy else None

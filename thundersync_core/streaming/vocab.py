@@ -10,15 +10,21 @@ log-prob gathered from it is the log-prob ``policy.logprobs`` returns.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from thundersync_core.policy.logprobs import _cache_key_values
+from thundersync_core.policy.logprobs import (
+    _cache_key_values,
+    policy_sampling,
+    sampling_log_softmax,
+)
 
 
 def _vocab_logprobs(model: PreTrainedModel, hidden_NH: torch.Tensor) -> torch.Tensor:
     logits_NV = model.get_output_embeddings()(hidden_NH)
-    return F.log_softmax(logits_NV.to(torch.promote_types(logits_NV.dtype, torch.float32)), -1)
+    return sampling_log_softmax(
+        logits_NV.to(torch.promote_types(logits_NV.dtype, torch.float32)),
+        policy_sampling(model),
+    )
 
 
 def scored_vocab_logprobs(
