@@ -249,6 +249,11 @@ class ChatFormat:
         ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
         return tuple(int(i) for i in ids)
 
+    @property
+    def reply_stop_id(self) -> int:
+        """The stop token the template ends an assistant message with."""
+        return next(i for i, t in self._stop_texts.items() if self._after_action.startswith(t))
+
     def ended(self, action_ids: Sequence[int]) -> bool:
         """Whether a reply stopped on a stop token (not on its length budget)."""
         return bool(action_ids) and int(action_ids[-1]) in self.stop_token_ids
@@ -302,10 +307,10 @@ class ChatFormat:
         agent's incremental sequence; refuse a difference naming where it starts."""
         commands = ["ls -la", "wc -l notes.txt", None]
         observations = ["exit code: 0\nnotes.txt", "exit code: 0\n3 notes.txt"]
-        think = f"<think>\n{reasoning}\n</think>\n\n" if self.enable_thinking else ""
+        think = f"<think>\n{reasoning}\n</think>\n\n" if self.reasons() else ""
         messages = self._base_messages("Count the lines of notes.txt.")
         incremental = list(self.prompt_ids("Count the lines of notes.txt."))
-        stop = self.stop_token_ids[0]
+        stop = self.reply_stop_id
         for turn, command in enumerate(commands):
             reply = think + self.action_text(command)
             action_ids = [*self.tokenizer.encode(reply, add_special_tokens=False), stop]
@@ -337,8 +342,20 @@ class ChatFormat:
                 f"(after {decode(incremental[max(at - 24, 0) : at], skip_special_tokens=False)!r})"
                 ". "
                 "The policy would be trained on tokens it would not see in a conversation "
-                "rendered by its template."
+                "rendered by its template. A template that drops earlier reasoning once a "
+                "user message follows keeps it when observations are tool messages "
+                "(rollout.action_format: tool_calls); rollout.template_check: false trains "
+                "on the agent's sequence regardless."
             )
+
+    def reasons(self) -> bool:
+        """Whether replies start with reasoning: a thinking template whose generation prompt
+        does not already close an empty reasoning block (``enable_thinking: false``)."""
+        if not self.thinks or self.enable_thinking is False:
+            return False
+        base = self._base_messages("task")
+        prompt = self.render(base, generation_prompt=True)
+        return "</think>" not in prompt[len(self.render(base, generation_prompt=False)) :]
 
     def _assistant_message(self, think: str, command: str | None) -> dict[str, Any]:
         if self.action_format == "bash_block":

@@ -95,13 +95,25 @@ def task_family(task: TerminalTask) -> str:
 class AgentFormat:
     """Token ids of prompts, actions and observations exactly as ``Agent`` builds them."""
 
-    def __init__(self, tokenizer: Tokenizer, config: AgentConfig | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        config: AgentConfig | None = None,
+        *,
+        chat: ChatFormat | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.config = config or AgentConfig()
-        self.end_id = int(tokenizer.convert_tokens_to_ids(self.config.end_of_turn))
-        self.chat = ChatFormat(
-            tokenizer, stop_token_ids=(self.end_id,), system_prompt=self.config.system_prompt
+        #: The conversation format (default: bash blocks, replies ending with
+        #: ``config.end_of_turn``); replies are written as it asks (``action_text``).
+        self.chat = chat or ChatFormat(
+            tokenizer,
+            stop_token_ids=(int(tokenizer.convert_tokens_to_ids(self.config.end_of_turn)),),
+            system_prompt=self.config.system_prompt,
         )
+        self.end_id = self.chat.reply_stop_id
+        # A thinking model's reply opens with its reasoning: the examples' is empty.
+        self.reasoning = "<think>\n\n</think>\n\n" if self.chat.reasons() else ""
 
     def prompt_ids(self, instruction: str) -> tuple[int, ...]:
         return self.chat.prompt_ids(instruction)
@@ -121,10 +133,15 @@ class AgentFormat:
 
     def episode(self, solved: SolvedEpisode) -> Trajectory:
         """The solved episode as the learner-ready trajectory the agent would have logged."""
+        if self.chat.action_format == "bash_block":
+            action_text(solved.command)  # refuses a command the block parser would cut
+        run, submit = self.chat.action_text(solved.command), self.chat.action_text(None)
+        if self.chat.parse(self.action_ids(run)).command != solved.command:
+            raise ValueError(f"command {solved.command[:60]!r} does not survive the action parser")
         segments = (
-            Segment.action(self.action_ids(action_text(solved.command))),
+            Segment.action(self.action_ids(self.reasoning + run)),
             Segment.observation(self.observation_ids(solved.observation)),
-            Segment.action(self.action_ids(SUBMIT_ACTION)),
+            Segment.action(self.action_ids(self.reasoning + submit)),
         )
         return Trajectory(
             group_id=solved.task_id,

@@ -25,7 +25,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -47,6 +47,7 @@ from thundersync_core.policy import (
 )
 from thundersync_core.policy.logprobs import cache_from_flat, prefix_key_values
 from thundersync_core.rollout.agent import AgentConfig
+from thundersync_core.rollout.chat import ChatFormat
 from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox
 from thundersync_core.warmstart.examples import AgentFormat, SolvedEpisode, solve_task
 from thundersync_core.warmstart.tasks import collect_tasks
@@ -251,6 +252,7 @@ def warm_start(
     init_from: Path | None = None,
     tokenizer_from: Path | None = None,
     agent_config: AgentConfig | None = None,
+    chat: Mapping[str, Any] | None = None,
     max_action_tokens: int = 64,
     sandbox_workers: int = 4,
     log: Callable[[str], None] | None = None,
@@ -262,6 +264,8 @@ def warm_start(
     after that. The policy starts from ``init_from`` (a Hugging Face folder whose tokenizer
     is kept) or a fresh ``preset`` model with the offline tokenizer; ``tokenizer_from`` takes
     the tokenizer of another policy folder instead (a teacher must share its student's).
+    ``chat``: the conversation format's options (``ChatFormat``'s: action format, tool-call
+    format, thinking), the starting folder's stop tokens; default: fenced bash blocks.
     Episodes whose first action exceeds ``max_action_tokens`` (the rollout's tokens per
     turn) or whose length exceeds the agent's or the model's context are left out.
     ``out_dir`` receives the policy and ``warmstart.json``, the returned summary.
@@ -274,7 +278,10 @@ def warm_start(
     agent_config = agent_config or AgentConfig()
     tasks = collect_tasks(task_roots, families=families, limit=limit)
     model, tokenizer = _initial_policy(preset, seed, init_from, tokenizer_from)
-    fmt = AgentFormat(tokenizer, agent_config)
+    chat_format = None
+    if chat is not None:
+        chat_format = ChatFormat.for_checkpoint(tokenizer, init_from, **chat)
+    fmt = AgentFormat(tokenizer, agent_config, chat=chat_format)
     solved, skipped = _solve_all(tasks, agent_config.command_timeout_s, sandbox_workers)
     solve_s = time.perf_counter() - start
     context = min(agent_config.max_context_tokens, model.config.max_position_embeddings)
