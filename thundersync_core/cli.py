@@ -36,6 +36,11 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         "--release", default="trajectory", choices=["trajectory", "group"],
         help="GRPO stream: a backward as each reward lands, or once its group's are all in",
     )  # fmt: skip
+    p.add_argument(
+        "--lora", default=None, metavar="r=R,alpha=A[,dropout=0][,targets=q_proj+v_proj]",
+        help="train LoRA adapters (base frozen); the gradient file holds the adapters only",
+    )  # fmt: skip
+    p.add_argument("--lora-seed", default=0, type=int, help="the adapters' initial draw")
     p.add_argument("--out", required=True, type=Path)
 
 
@@ -78,6 +83,8 @@ def _run_replay(args: argparse.Namespace) -> int:
         pack_tokens=args.pack_tokens,
         order=args.order,
         release=args.release,
+        lora=args.lora,
+        lora_seed=args.lora_seed,
     )
     print(json.dumps(summary))
     return 0

@@ -7,6 +7,10 @@ and writes ``gradient.safetensors`` (the objective's gradient per trainable para
 grad J for GRPO, grad L for OPD, before clipping and before any optimizer) and
 ``summary.json``. Two replays of one batch under different schedules
 must agree to rounding; ``compare_gradients`` measures by how much.
+
+With ``--lora`` the loaded model gets LoRA adapters (``policy/lora.py``, drawn from
+``--lora-seed``, the base frozen) and the gradient file holds the adapter tensors only,
+under peft's saved keys (those of ``adapter_model.safetensors``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from thundersync_core.batch import (
 from thundersync_core.objectives.grpo import LossAgg
 from thundersync_core.objectives.opd import split_by_turn
 from thundersync_core.policy.io import load_model
+from thundersync_core.policy.lora import LoraSettings, apply_lora, parse_lora, saved_key
 from thundersync_core.streaming import (
     StreamingGRPOLearner,
     StreamingOPDLearner,
@@ -64,6 +69,9 @@ def replay(
     pack_tokens: int = 0,
     order: str = "arrival",
     release: str = "trajectory",
+    lora: LoraSettings | str | None = None,
+    lora_seed: int = 0,
+    lora_init_b_std: float = 0.0,
 ) -> dict[str, object]:
     """Replay ``batch_path``; nothing is written unless the whole batch is valid.
 
@@ -71,7 +79,9 @@ def replay(
     random sizes, each handed over at once and run as packs (``submit_many``); ``order``
     is the streaming learner's summation order (``fixed``: bitwise the sync update);
     ``release`` when a trajectory's backward runs (``group``: once its group's rewards are
-    all known, with no per-group statistics)."""
+    all known, with no per-group statistics). ``lora`` (settings, or the ``--lora`` text)
+    trains LoRA adapters drawn from ``lora_seed`` instead of every weight; B starts at zero
+    (the base policy, whose gradient with respect to A is zero) unless ``lora_init_b_std``."""
     if objective not in OBJECTIVES:
         raise ValueError(f"--objective {objective!r}: choose one of {sorted(OBJECTIVES)}")
     if schedule not in ("sync", "stream"):
@@ -82,6 +92,7 @@ def replay(
         raise ValueError(f"--order {order!r}: choose arrival or fixed")
     if release not in ("trajectory", "group"):
         raise ValueError(f"--release {release!r}: choose trajectory or group")
+    lora_settings = parse_lora(lora) if isinstance(lora, str) else lora
     trajectories = read_batch(batch_path)
     teacher_turns: dict[str, list[tuple[float, ...]]] = {}
     top_k = 0
@@ -89,6 +100,8 @@ def replay(
         teacher_turns = {t.trajectory_id: split_by_turn(t) for t in trajectories}
         top_k = _batch_top_k(trajectories, batch_path)
     model = load_model(model_dir, dtype=DTYPES[dtype])
+    if lora_settings is not None:
+        apply_lora(model, lora_settings, seed=lora_seed, init_b_std=lora_init_b_std)
     check_token_range(trajectories, int(model.config.vocab_size))
 
     rng = random.Random(seed)
@@ -124,6 +137,11 @@ def replay(
             if objective == "grpo" and schedule == "stream"
             else {}
         ),
+        **(
+            {"lora": _lora_summary(lora_settings, lora_seed, lora_init_b_std)}
+            if lora_settings
+            else {}
+        ),
         "n_sources": result.n_sources,
         "n_groups": result.n_groups,
         "n_trajectories": len(trajectories),
@@ -133,8 +151,20 @@ def replay(
         "counters": result.counters,
     }
     tensors = {name: g.detach().contiguous() for name, g in result.grad_objective.items()}
+    if lora_settings is not None:  # the learner trains the adapters only
+        tensors = {saved_key(name): g for name, g in tensors.items()}
     _write_outputs(out_dir, tensors, summary)
     return summary
+
+
+def _lora_summary(settings: LoraSettings, seed: int, init_b_std: float) -> dict[str, object]:
+    return {
+        "r": settings.r,
+        "alpha": settings.alpha,
+        "targets": list(settings.target_modules),
+        "seed": seed,
+        "init_b_std": init_b_std,
+    }
 
 
 def _feed_grpo(

@@ -39,7 +39,7 @@ from thundersync_core.objectives.opd import (
 )
 from thundersync_core.policy.logprobs import cache_from_flat, chunk_forward
 from thundersync_core.streaming.base import LearnerBase, LearnerRefusal
-from thundersync_core.streaming.prefix import SharedPrefix
+from thundersync_core.streaming.prefix import SharedPrefix, backward_adjoints
 from thundersync_core.streaming.vocab import chunk_vocab_forward
 
 SEQ_DIM = -2  # keys/values are [batch, kv_heads, positions, head_dim]
@@ -287,10 +287,7 @@ class StreamingOPDLearner(LearnerBase):
         _, new_kv = chunk_forward(self.model, ids_T, ids_T, nothing_T, cache_from_flat(proxies))
         # The ledger ends where the last backward left it: zero-extend over later positions.
         ledger = [_pad_to(a, n_replay).narrow(SEQ_DIM, 0, n_replay) for a in state.ledger]
-        adjoints = [a.to(t.dtype) for a, t in zip(ledger, new_kv, strict=True)]
-        grads = torch.autograd.grad(
-            new_kv, self.params + proxies, grad_outputs=adjoints, allow_unused=True
-        )
+        grads = backward_adjoints(new_kv, ledger, self.params + proxies)
         self._add_grads(grads[: len(self.params)])
         if prompt.prefix is not None:
             prompt.ledger = _add_into(

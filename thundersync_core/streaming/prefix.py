@@ -47,9 +47,26 @@ class SharedPrefix:
         if self._kv_flat is None:
             raise RuntimeError("prefix already replayed: its graph is freed")
         kv, self._kv_flat = self._kv_flat, None
-        grad_outputs = [a.to(t.dtype) for a, t in zip(adjoints, kv, strict=True)]
-        return torch.autograd.grad(kv, list(params), grad_outputs=grad_outputs, allow_unused=True)
+        return backward_adjoints(kv, adjoints, params)
 
     def release(self) -> None:
         """Drop the prefix graph without replaying (all adjoints are zero)."""
         self._kv_flat = None
+
+
+def backward_adjoints(
+    outputs: Sequence[torch.Tensor],
+    adjoints: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of sum_i <adjoint_i, output_i> with respect to ``params``.
+
+    An output that does not depend on any trainable parameter (a layer's keys when only
+    later layers or other projections carry LoRA adapters) has no graph and contributes
+    nothing; it is left out rather than refused."""
+    pairs = [(t, a.to(t.dtype)) for t, a in zip(outputs, adjoints, strict=True) if t.requires_grad]
+    if not pairs:
+        return (None,) * len(params)
+    return torch.autograd.grad(
+        [t for t, _ in pairs], list(params), grad_outputs=[a for _, a in pairs], allow_unused=True
+    )
