@@ -2,7 +2,9 @@
 
 A checkpoint is a folder ``step-NNNNNN`` holding everything that decides the next update:
 the weights in Hugging Face format (so evaluation and engines load them like any model;
-in float32, or in bfloat16 with the float32 master beside them in ``master.safetensors``),
+in float32, or in bfloat16 with the float32 master beside them in ``master.safetensors``;
+a LoRA learner's adapters merged into them, the adapter itself in peft's format under
+``adapter/`` and the base and adapters by name in ``master.safetensors``),
 the optimizer state, the random-number states (Python, NumPy, torch) and a ``state.json``
 with the step and policy version. It is written to a temporary sibling and renamed, so a
 crash never leaves a half-written checkpoint that ``latest_checkpoint`` would pick up; a
@@ -24,8 +26,11 @@ import torch
 from transformers import PreTrainedModel
 
 STATE_FILE = "state.json"
-#: The float32 master of a checkpoint whose ``model/`` holds a lower-precision export.
+#: The float32 master of a checkpoint whose ``model/`` holds a lower-precision export, or
+#: the merged weights of a LoRA learner (then its base and adapters, by their own names).
 MASTER_FILE = "master.safetensors"
+#: A LoRA learner's adapter in peft's format (``model/`` holds it merged).
+ADAPTER_DIR = "adapter"
 
 
 class CheckpointWriteError(OSError):
@@ -87,7 +92,14 @@ def _write_checkpoint(
     extra: dict[str, Any] | None,
     export_dtype: torch.dtype,
 ) -> None:
-    if all(p.dtype == export_dtype for p in model.parameters()):
+    from thundersync_core.policy.lora import (  # noqa: PLC0415
+        adapter_settings,
+        published_weights,
+        save_adapter,
+    )
+
+    lora = adapter_settings(model)
+    if lora is None and all(p.dtype == export_dtype for p in model.parameters()):
         model.save_pretrained(staging / "model", safe_serialization=True)
     else:
         from thundersync_core.parallel.fsdp import (  # noqa: PLC0415
@@ -96,12 +108,16 @@ def _write_checkpoint(
             write_safetensors_streamed,
         )
 
+        # The learner's own parameters (with LoRA: the frozen base and the adapters) are
+        # what a resume restores; model/ holds what engines and evaluation load.
         write_safetensors_streamed(staging / MASTER_FILE, named_detached(model))
         (staging / "model").mkdir()
         write_safetensors_streamed(
             staging / "model" / "model.safetensors",
-            cast_named(named_detached(model), export_dtype),
+            cast_named(published_weights(model), export_dtype),
         )
+        if lora is not None:
+            save_adapter(model, lora, staging / ADAPTER_DIR)
         save_model_config(model.config, staging / "model", export_dtype)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(staging / "model")
@@ -171,7 +187,7 @@ def load_checkpoint(
 
 
 #: What a weights-only checkpoint keeps (evaluation loads ``model/``).
-_WEIGHTS_ONLY_KEEP = {"model", STATE_FILE}
+_WEIGHTS_ONLY_KEEP = {"model", ADAPTER_DIR, STATE_FILE}
 
 
 def prune_checkpoints(root: Path, *, keep_last: int, keep_every: int = 0) -> dict[str, list[int]]:

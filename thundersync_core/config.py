@@ -88,12 +88,35 @@ class ResourcesConfig(_Strict):
     placement_timeout_s: float = Field(default=120.0, gt=0)
 
 
+class LoraConfig(_Strict):
+    """LoRA adapters on the policy's linear layers (peft): W + (alpha / r) B A, only A and
+    B train. B starts at zero (the policy starts as the base model), A seeded by ``seed``."""
+
+    r: int = Field(ge=1)
+    alpha: float = Field(gt=0)
+    #: Must be 0: each forward would draw its own dropout mask, and the streamed update
+    #: would no longer equal the sync one.
+    dropout: float = Field(default=0.0, ge=0, le=0)
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+
+
 class PolicyConfig(_Strict):
     #: A Hugging Face policy folder to start from; empty: a preset, warm-started.
     path: Path | None = None
     preset: str = "tiny"
     #: A teacher folder for OPD; empty: warm-started from the preset (more steps).
     teacher_path: Path | None = None
+    #: Train LoRA adapters instead of every weight (empty: full fine-tuning). Engines and
+    #: evaluation load the merged weights; checkpoints keep the adapter (``adapter/``).
+    lora: LoraConfig | None = None
 
 
 class WarmStartConfig(_Strict):
@@ -284,6 +307,13 @@ class TrainConfig(_Strict):
             raise ValueError(
                 "learner_sharded_gradient shards GRPO's batch gradient over fsdp2 ranks: it "
                 "needs objective: grpo, learner_sharding: fsdp2 and resources.learner.ranks >= 2"
+            )
+        if self.policy.lora is not None and (
+            self.resources.learner.ranks > 1 or self.learner_dtype != "float32"
+        ):
+            raise ValueError(
+                "policy.lora trains on one float32 learner rank: set resources.learner.ranks: 1 "
+                "and learner_dtype: float32"
             )
         if self.learner_order == "fixed" and self.objective != "grpo":
             raise ValueError(

@@ -120,14 +120,17 @@ class _WholeMaster:
         """The float32 master is what a checkpoint and an engine load (cast to ``dtype``
         for a checkpoint's export)."""
         if _rank() == 0:
-            write_safetensors_streamed(path, cast_named(named_detached(self.master), dtype))
+            write_safetensors_streamed(path, cast_named(self.named_weights(), dtype))
 
     def checkpoint_module(self) -> torch.nn.Module:
         return self.master
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The weights a publication carries, one tensor at a time."""
-        return named_detached(self.master)
+        """The weights a publication carries, one tensor at a time (LoRA adapters merged
+        into their weights: engines load the plain model)."""
+        from thundersync_core.policy.lora import published_weights  # noqa: PLC0415
+
+        return published_weights(self.master)
 
 
 class ReplicatedState(_WholeMaster):

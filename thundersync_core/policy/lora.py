@@ -428,3 +428,20 @@ __all__ = [
     "save_adapter",
     "saved_key",
 ]
+
+
+def published_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What an engine or an evaluation loads: the plain model's parameters by name, each
+    adapted weight merged (W + s B A), one at a time; for a model without adapters its
+    parameters as they are."""
+    layers = dict(_lora_layers(model))
+    for name, p in model.named_parameters():
+        if ".lora_" in name:
+            continue
+        module_name, marker, leaf = name.rpartition(".base_layer.")
+        if not marker:
+            yield name, p.detach()
+        elif leaf == "weight" and module_name in layers:
+            yield f"{module_name}.weight", _merged_weight(layers[module_name], p.detach())
+        else:
+            yield f"{module_name}.{leaf}", p.detach()

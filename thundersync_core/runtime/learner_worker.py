@@ -112,6 +112,15 @@ class LearnerWorker:
         # The float32 master on the learner's device; a bfloat16 learner computes on a
         # replica cast from it (``MixedPrecisionState``), the optimizer steps the master.
         master = load_model(model_dir).to(self.device)  # type: ignore[arg-type]
+        if config.policy.lora is not None:
+            from thundersync_core.policy.lora import LoraSettings, apply_lora  # noqa: PLC0415
+
+            lora = config.policy.lora
+            apply_lora(
+                master,
+                LoraSettings(lora.r, lora.alpha, lora.dropout, lora.target_modules),
+                seed=config.seed,
+            )
         self.state = build_train_state(
             master,
             sharding="replicated",
