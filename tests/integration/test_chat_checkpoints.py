@@ -10,18 +10,22 @@ messages, and the grader scores each episode.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from thundersync_core.config import RolloutConfig
+from tests.helpers import train_config_file
+from thundersync_core.batch import read_batch
+from thundersync_core.config import RolloutConfig, load_config
 from thundersync_core.policy.chat_formats import build_chat_checkpoint
 from thundersync_core.policy.io import load_tokenizer
 from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec
-from thundersync_core.rollout.chat import chat_format, sampling_config
+from thundersync_core.rollout.chat import TemplateMismatch, chat_format, sampling_config
 from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox
 from thundersync_core.rollout.tasks import load_terminal_tasks
 from thundersync_core.rollout.vllm_engine import VLLMEngine, vllm_available
+from thundersync_core.train import train
 from thundersync_core.warmstart import warm_start
 
 pytestmark = pytest.mark.integration
@@ -32,24 +36,34 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory) -> dict[str, Path]:
+    """Per format, the tiny checkpoint taught the two fixture tasks in its tool-call syntax."""
+    root = tmp_path_factory.mktemp("chat-policies")
+    out = {}
+    for fmt, (options, _) in CASES.items():
+        base = build_chat_checkpoint(root / f"{fmt}-base", fmt, preset="micro", seed=1)
+        summary = warm_start(
+            [FIXTURE_TASKS],
+            root / fmt,
+            init_from=base,
+            chat=options,
+            steps=120,
+            lr=3e-3,
+            batch_size=2,
+            log=lambda _: None,
+        )
+        assert summary["examples"] == 2
+        out[fmt] = root / fmt
+    return out
+
+
 @pytest.mark.parametrize("fmt", sorted(CASES))
-def test_native_tool_call_episodes_run_in_the_sandbox_and_are_graded(fmt, tmp_path):
+def test_native_tool_call_episodes_run_in_the_sandbox_and_are_graded(fmt, taught):
     if not vllm_available():
         pytest.skip("vLLM is not installed")
     options, call_marker = CASES[fmt]
-    base = build_chat_checkpoint(tmp_path / "base", fmt, preset="micro", seed=1)
-    policy = tmp_path / "policy"
-    summary = warm_start(
-        [FIXTURE_TASKS],
-        policy,
-        init_from=base,
-        chat=options,
-        steps=120,
-        lr=3e-3,
-        batch_size=2,
-        log=lambda _: None,
-    )
-    assert summary["examples"] == 2
+    policy = taught[fmt]
     tokenizer = load_tokenizer(policy)
     rollout = RolloutConfig(**options, temperature=0.7, top_p=0.95)  # type: ignore[arg-type]
     chat = chat_format(tokenizer, policy, rollout)  # the start-up check passes
@@ -85,3 +99,41 @@ def test_native_tool_call_episodes_run_in_the_sandbox_and_are_graded(fmt, tmp_pa
     # Observations went back as tool messages: Qwen's tool response, Llama's ipython turn.
     glue = tokenizer.decode(list(solved[0].segments[1].ids), skip_special_tokens=False)  # type: ignore[attr-defined]
     assert ("<tool_response>" if fmt == "qwen3" else "ipython") in glue
+
+
+def test_a_checkpoint_folder_is_all_the_training_stage_needs(taught, tiny_prep_dir, tmp_path):
+    """``policy.path`` = the Qwen3-format folder, tool calls, vLLM: two thundersync steps
+    train, the checkpoints keep the template and stop tokens; the same folder with fenced
+    bash blocks is refused at start, the first differing token named."""
+    if not vllm_available():
+        pytest.skip("vLLM is not installed")
+    policy = taught["qwen3"]
+    config = train_config_file(
+        tmp_path,
+        tiny_prep_dir,
+        policy,
+        schedule="thundersync",
+        steps=2,
+        rollout__engine="vllm",
+        rollout__action_format="tool_calls",
+        rollout__enable_thinking=False,
+        rollout__max_model_len=1024,
+    )
+    out = tmp_path / "run"
+    assert train(load_config(config), out)["status"] == "finished"
+    batch = read_batch(next(iter(sorted((out / "batches").glob("*.jsonl")))))
+    tokenizer = load_tokenizer(policy)
+    replies = [tokenizer.decode(list(t.segments[0].ids)) for t in batch]  # type: ignore[attr-defined]
+    assert sum("<tool_call>" in r for r in replies) >= len(replies) // 2
+    model = out / "checkpoints" / "step-000002" / "model"
+    assert (model / "chat_template.jinja").read_text() == (
+        policy / "chat_template.jinja"
+    ).read_text()
+    generation = json.loads((model / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [2, 0]
+
+    refused = train_config_file(
+        tmp_path, tiny_prep_dir, policy, rollout__engine="vllm", rollout__enable_thinking=False
+    )
+    with pytest.raises(TemplateMismatch, match=r"differ at token \d+"):
+        train(load_config(refused), tmp_path / "refused")

@@ -138,6 +138,16 @@ def start_learner(
     )
 
 
+def check_chat_format(config: TrainConfig, policy_dir: Path) -> None:
+    """Refuse at start, before any role is placed, a policy whose chat template would not
+    render the agent's episodes as the agent builds them (``rollout/chat.py``): the error
+    names the first differing token. The rollout role builds the same format again."""
+    from thundersync_core.policy.io import load_tokenizer  # noqa: PLC0415
+    from thundersync_core.rollout.chat import chat_format  # noqa: PLC0415
+
+    chat_format(load_tokenizer(policy_dir), Path(policy_dir), config.rollout)  # type: ignore[arg-type]
+
+
 def start_roles(
     config: TrainConfig,
     *,
@@ -155,6 +165,7 @@ def start_roles(
     from thundersync_core.schedules.base import Roles  # noqa: PLC0415
 
     check_config_fits(config, policy_dir)  # before anything is reserved or loaded
+    check_chat_format(config, policy_dir)
     state: dict[str, Any] = {"step": 0, "policy_version": 0, "extra": {}}
     if checkpoint is not None:
         state = json.loads((checkpoint / "state.json").read_text())
