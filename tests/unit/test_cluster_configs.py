@@ -19,7 +19,9 @@ from thundersync_core.perfmodel.memory import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["cluster_grpo", "cluster_opd", "cluster_grpo_2nodes"])
+@pytest.mark.parametrize(
+    "name", ["cluster_grpo", "cluster_opd", "cluster_grpo_2nodes", "cluster_qwen3_8b"]
+)
 def test_a_cluster_config_loads_with_its_roles_on_gpus(name):
     config = load_config(ROOT / "configs" / f"{name}.yaml")
     res = config.resources
@@ -50,3 +52,12 @@ def test_the_one_node_grpo_config_does_not_fit_an_8b_learner_as_its_comment_says
     config = load_config(ROOT / "configs" / "cluster_grpo.yaml")
     shape = ModelShape.from_hf_config(ROOT / "configs" / "hf" / "qwen3-8b.json")
     assert memory_per_gpu(shape, layout_of(config)).total_bytes > 180 * GB
+
+
+def test_the_qwen3_8b_config_speaks_qwen_and_fits(tmp_path):
+    config = load_config(ROOT / "configs" / "cluster_qwen3_8b.yaml")
+    rollout = config.rollout
+    assert (rollout.action_format, rollout.tool_call_format) == ("tool_calls", "hermes")
+    assert rollout.enable_thinking is True
+    assert (rollout.temperature, rollout.top_p, rollout.top_k) == (0.6, 0.95, 20)
+    check_config_fits(config, _policy(tmp_path, "qwen3-8b"))
