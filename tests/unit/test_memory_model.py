@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ from thundersync_core.batch import Segment, Trajectory
 from thundersync_core.parallel.fsdp import build_train_state
 from thundersync_core.perfmodel.memory import (
     GB,
+    LORA_TARGETS,
     LearnerLayout,
     LoraSpec,
     ModelShape,
@@ -37,8 +39,9 @@ from thundersync_core.perfmodel.memory import (
 )
 from thundersync_core.policy import build_model
 from thundersync_core.policy.logprobs import scored_logprobs
+from thundersync_core.policy.lora import DEFAULT_TARGETS, LoraSettings, apply_lora
 from thundersync_core.policy.presets import preset_config
-from thundersync_core.streaming import GroupSpec, StreamingGRPOLearner
+from thundersync_core.streaming import GroupSpec, StreamingGRPOLearner, SyncGRPOLearner
 from thundersync_core.streaming.prefix import SharedPrefix
 
 HF_CONFIGS = Path(__file__).parents[2] / "configs" / "hf"
@@ -165,7 +168,11 @@ def _graph_bytes(roots: list[torch.Tensor], skip: set[int]) -> int:
                 continue
             value = getattr(node, attr)
             for t in value if isinstance(value, tuple | list) else (value,):
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in skip:
+                # 0-dim: a Python scale autograd wrapped (peft's alpha / r), 8 bytes, not
+                # modelled (saved_tensors_hooks do not see them either).
+                if not isinstance(t, torch.Tensor) or t.dim() == 0:
+                    continue
+                if t.untyped_storage().data_ptr() not in skip:
                     storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         stack.extend(next_node for next_node, _ in node.next_functions)
     return sum(storages.values())
@@ -478,3 +485,255 @@ def test_layout_of_picks_up_the_sharded_gradient_from_the_config():
         - memory_per_gpu(shape, layout_of(sharded)).phases["begin_batch"]["accumulator"]
     )
     assert saved == pytest.approx(3 / 4 * 4 * shape.parameter_count, rel=1e-4)
+
+
+# -- LoRA: float32 adapters over a frozen base --------------------------------------------------
+_Model = TypeVar("_Model", bound=torch.nn.Module)
+
+
+def _with_adapters(
+    model: _Model,
+    rank: int,
+    targets: tuple[str, ...] = LORA_TARGETS,
+    base_dtype: torch.dtype = torch.float32,
+) -> _Model:
+    """``model`` with float32 adapters (B drawn, so every adapter gets a gradient) and its
+    frozen base in ``base_dtype``, as ``build_train_state`` leaves a LoRA model at that
+    compute dtype."""
+    settings = LoraSettings(r=rank, alpha=2 * rank, target_modules=targets)
+    apply_lora(model, settings, init_b_std=0.02)
+    for p in model.parameters():
+        if not p.requires_grad:
+            p.data = p.data.to(base_dtype)
+    return model
+
+
+def test_the_modelled_lora_targets_are_apply_loras_defaults():
+    assert LORA_TARGETS == DEFAULT_TARGETS
+
+
+@pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj"), ("down_proj",)])
+@pytest.mark.parametrize("rank", [8, 64])
+@pytest.mark.parametrize("name", ["micro (tied)", "tiny (tied)", "qwen3 untied", "llama biases"])
+def test_lora_trainable_parameters_are_what_apply_lora_makes_trainable(name, rank, targets):
+    model = _with_adapters(dict(_small_models())[name], rank, targets)
+    shape = ModelShape.from_hf_config(model.config)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert shape.lora_parameter_count(rank, targets) == sum(p.numel() for p in trainable)
+    assert sorted(shape.lora_parameter_rows(rank, targets)) == sorted(
+        (p.shape[0], p[0].numel()) for p in trainable
+    )
+    assert shape.lora_largest_tensor(rank, targets) == max(p.numel() for p in trainable)
+    layout = LearnerLayout(compute_dtype="float32", lora=LoraSpec(rank, targets))
+    counts = memory_per_gpu(shape, layout).counts
+    assert counts["trainable_parameters"] == sum(p.numel() for p in trainable)
+    assert counts["parameters"] == sum(p.numel() for p in model.parameters()) - sum(
+        p.numel() for p in trainable
+    )
+
+
+def test_the_small_presets_lora_parameters_equal_the_formula():
+    model = _with_adapters(build_model("small"), 64)
+    shape = ModelShape.from_hf_config(model.config)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    # small: h = 384, q = 384, kv = 128, f = 1152; r (in + out) summed over the seven.
+    per_layer = 384 + 384 + 2 * (384 + 128) + 384 + 384 + 3 * (384 + 1152)
+    assert trainable == shape.lora_parameter_count(64, LORA_TARGETS) == 6 * 64 * per_layer
+
+
+@pytest.mark.parametrize("base_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16 base"])
+@pytest.mark.parametrize("prefix_tokens", [0, 16])
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_lora_saved_activations_equal_the_formula(base_dtype, prefix_tokens, kv_heads):
+    model = build_model("micro", num_attention_heads=4, num_key_value_heads=kv_heads)
+    model = _with_adapters(model, 8, base_dtype=base_dtype)
+    shape = ModelShape.from_hf_config(model.config)
+    c = 4 if base_dtype == torch.float32 else 2
+    expected = shape.saved_activation_bytes(
+        c, 40, prefix_tokens, scored_tokens=39, lora=LoraSpec(8)
+    )
+    assert _forward_saved_bytes(model, prefix_tokens, 40) == expected
+    # Cheaper than full fine-tuning's in float32 (frozen norms, head and embedding); dearer
+    # over a bfloat16 base (each adapter's float32 copy of its input).
+    full = shape.saved_activation_bytes(c, 40, prefix_tokens, scored_tokens=39)
+    assert (expected < full) == (c == 4)
+
+
+@pytest.mark.parametrize("base_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16 base"])
+def test_lora_saved_activations_of_a_llama_shape_equal_the_formula(base_dtype):
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = _with_adapters(LlamaForCausalLM(config), 4, base_dtype=base_dtype)
+    shape = ModelShape.from_hf_config(config)
+    c = 4 if base_dtype == torch.float32 else 2
+    expected = shape.saved_activation_bytes(c, 40, 16, scored_tokens=39, lora=LoraSpec(4))
+    assert _forward_saved_bytes(model, 16, 40) == expected
+
+
+@pytest.mark.parametrize("base_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16 base"])
+@pytest.mark.parametrize("layers", [1, 3])
+def test_a_lora_prompt_graph_equals_the_formula(base_dtype, layers):
+    model = build_model("micro", num_hidden_layers=layers, num_attention_heads=4)
+    model = _with_adapters(model, 4, base_dtype=base_dtype)
+    prefix = SharedPrefix(model, list(range(1, 25)))
+    kv_flat = prefix._kv_flat
+    assert kv_flat is not None
+    measured = _graph_bytes(kv_flat, {p.untyped_storage().data_ptr() for p in model.parameters()})
+    shape = ModelShape.from_hf_config(model.config)
+    c = 4 if base_dtype == torch.float32 else 2
+    assert measured == shape.prompt_graph_bytes(c, 24, LoraSpec(4))
+
+
+def test_the_lora_prompt_replay_reaches_the_modelled_adapters():
+    model = _with_adapters(build_model("micro"), 4)
+    prefix = SharedPrefix(model, list(range(1, 9)))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    grads = prefix.replay([torch.ones_like(p) for p in prefix.proxies], trainable)
+    reached = sum(g.numel() for g in grads if g is not None)
+    shape = ModelShape.from_hf_config(model.config)
+    layout = LearnerLayout(compute_dtype="float32", prefix_tokens=8, lora=LoraSpec(4))
+    # The last layer's q, o and MLP adapters feed nothing the prompt's keys depend on.
+    assert 0 < reached < sum(p.numel() for p in trainable)
+    assert memory_per_gpu(shape, layout).phases["prompt_replay"]["replay_gradient"] == 4 * reached
+
+
+def _groups(n_groups: int, prompt_tokens: int) -> list[Trajectory]:
+    """Every group's first trajectory, then every second: all ``n_groups`` are open at once."""
+    prompt = tuple(range(1, prompt_tokens + 1))
+    return [
+        Trajectory(f"g{g}", f"g{g}-t{i}", prompt, (Segment.action([7 + i, 8, 9, 10]),), float(i))
+        for i in range(2)
+        for g in range(n_groups)
+    ]
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_lora_state_terms_equal_the_learners_byte_counters(compute_dtype):
+    model = _with_adapters(build_model("micro", seed=1), 4)
+    dtype = torch.bfloat16 if compute_dtype == "bfloat16" else None
+    state = build_train_state(model, sharding="replicated", lr=1e-3, compute_dtype=dtype)
+    learner = StreamingGRPOLearner(state.model, max_open_groups=2)  # type: ignore[arg-type]
+    batch = _groups(2, prompt_tokens=9)
+    layout = LearnerLayout(
+        compute_dtype=compute_dtype,
+        open_groups=2,
+        tokens_per_backward=5,
+        prefix_tokens=8,
+        group_size=2,
+        lora=LoraSpec(4),
+    )
+    shape = ModelShape.from_hf_config(model.config)
+    estimate = memory_per_gpu(shape, layout)
+    backward, barrier = estimate.phases["backward"], estimate.phases["barrier"]
+    adapters = sum(p.numel() for p in state.model.parameters() if p.requires_grad)
+
+    learner.begin_batch({f"g{g}": GroupSpec(batch[0].prompt_ids, 2) for g in range(2)})
+    for traj in batch[:2]:
+        learner.submit(traj)
+    # Two open groups, each two float32 buffers over the adapters and the prompt's keys.
+    expected = 2 * 2 * 4 * (adapters + shape.prompt_kv_elements(8))
+    assert learner.live_statistics_bytes() == backward["group_statistics"] == expected
+    assert learner.accumulator_bytes() == backward["accumulator"] == 4 * adapters
+    for traj in batch[2:]:
+        learner.submit(traj)
+    result = learner.finish()
+    at_barrier = state.state_bytes()
+    assert at_barrier["params"] == backward["base"] + backward["replica"] + backward["master"]
+    assert at_barrier["grads"] == barrier["replica_grads"] == 4 * adapters
+    state.clip(1.0, result.grad_objective, -1.0)
+    assert state.state_bytes()["grads"] == estimate.phases["optimizer_step"]["grads"]
+    state.apply()
+    assert state.state_bytes()["optimizer"] == backward["optimizer"]
+
+
+def test_the_sync_learners_terms_equal_its_byte_counters():
+    model = _with_adapters(build_model("micro", seed=1), 4)
+    state = build_train_state(model, sharding="replicated", lr=1e-3)
+    batch = _groups(2, prompt_tokens=9)
+    row = len(batch[0].prompt_ids) + len(batch[0].response_ids)
+    learner = SyncGRPOLearner(state.model, micro_batch_tokens=row)  # type: ignore[arg-type]
+    layout = LearnerLayout(
+        compute_dtype="float32", tokens_per_backward=5, prefix_tokens=8, lora=LoraSpec(4)
+    )
+    estimate = memory_per_gpu(
+        ModelShape.from_hf_config(model.config), replace(layout, learner="sync")
+    )
+    assert set(estimate.phases) == {"begin_batch", "backward", "barrier", "optimizer_step"}
+    learner.begin_batch({f"g{g}": GroupSpec(batch[0].prompt_ids, 2) for g in range(2)})
+    for traj in batch:
+        learner.submit(traj)
+    assert learner.accumulator_bytes() == estimate.phases["backward"]["accumulator"]
+    result = learner.finish()
+    assert state.state_bytes()["grads"] == estimate.phases["barrier"]["replica_grads"]
+    state.clip(1.0, result.grad_objective, -1.0)
+    state.apply()
+    assert state.state_bytes()["optimizer"] == estimate.phases["backward"]["optimizer"]
+
+
+@pytest.mark.parametrize("sharding", ["replicated", "fsdp2"])
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-32b"])
+def test_streaming_lora_adds_two_adapter_buffers_per_open_group_to_the_sync_peak(
+    name, compute_dtype, sharding
+):
+    """With no prompt the two learners' rows are the same tokens: streaming adds the open
+    groups' statistics, two float32 adapter-sized buffers each, and nothing else."""
+    shape = ModelShape.from_hf_config(HF_CONFIGS / f"{name}.json")
+    for rank in (16, 64):
+        adapter_bytes = 4 * shape.lora_parameter_count(rank, LORA_TARGETS)
+        for k in (1, 2, 4, 8):
+            layout = LearnerLayout(
+                world_size=8,
+                sharding=sharding,
+                compute_dtype=compute_dtype,
+                open_groups=k,
+                tokens_per_backward=8192,
+                lora=LoraSpec(rank),
+            )
+            streaming = memory_per_gpu(shape, layout)
+            sync = memory_per_gpu(shape, replace(layout, learner="sync"))
+            assert streaming.peak_phase == sync.peak_phase == "backward"
+            assert streaming.terms["group_statistics"] == 2 * k * adapter_bytes
+            assert streaming.total_bytes - sync.total_bytes == 2 * k * adapter_bytes
+            # A prompt's keys and values are streamed too: the buffers cover them.
+            prompted = memory_per_gpu(shape, replace(layout, prefix_tokens=1024))
+            kv_bytes = 4 * shape.prompt_kv_elements(1024)
+            assert prompted.phases["backward"]["group_statistics"] == 2 * k * (
+                adapter_bytes + kv_bytes
+            )
+
+
+def test_lora_holds_the_frozen_base_once_in_the_compute_dtype_and_no_optimizer_for_it():
+    shape = ModelShape.from_hf_config(HF_CONFIGS / "qwen3-8b.json")
+    adapters = shape.lora_parameter_count(16, LORA_TARGETS)
+    for sharding, world in (("replicated", 1), ("fsdp2", 8)):
+        layout = LearnerLayout(
+            world_size=world,
+            sharding=sharding,  # type: ignore[arg-type]
+            compute_dtype="bfloat16",
+            lora=LoraSpec(16),
+        )
+        terms = memory_per_gpu(shape, layout).phases["begin_batch"]
+        assert terms["base"] == 2 * shape.parameter_count
+        assert terms["master"] == -(-4 * adapters // world)
+        assert terms["optimizer"] == -(-8 * adapters // world) + 4 * 2 * 7 * 36
+        # The float32 adapters are their own master when replicated; fsdp2's replica keeps
+        # them whole beside the sharded master.
+        assert terms["replica"] == (0 if sharding == "replicated" else 4 * adapters)
+
+
+def test_layout_of_picks_up_lora_from_the_config():
+    from thundersync_core.config import TrainConfig  # noqa: PLC0415
+    from thundersync_core.perfmodel.memory import layout_of  # noqa: PLC0415
+
+    lora = {"r": 16, "alpha": 32, "target_modules": ["q_proj", "v_proj"]}
+    config = TrainConfig.model_validate({"policy": {"lora": lora}})
+    assert layout_of(config).lora == LoraSpec(16, ("q_proj", "v_proj"))
+    assert "lora r=16" in layout_of(config).describe()
+    assert layout_of(TrainConfig()).lora is None

@@ -1,20 +1,23 @@
-"""Per-GPU memory of the streaming learner, from a model's shape and the learner's layout.
+"""Per-GPU memory of the GRPO learner, from a model's shape and the learner's layout.
 
 A learner rank holds gradient-sized buffers (weights, gradients, AdamW, the batch gradient,
 GRPO's open-group statistics) and the activations of one backward. Which of them are live
 together depends on the moment of the step, so the estimate names every term and takes the
-largest of the moments (phases) below, each the sum of the terms live in it.
+largest of the moments (phases) below, each the sum of the terms live in it. The streaming
+learner (``streaming/grpo_stream.py``) is the default; ``learner="sync"`` is the sync one
+(``streaming/grpo_sync.py``) with one row per backward, the baseline of what streaming adds.
 
 Symbols: P trainable parameters, c the compute dtype's bytes (2 bfloat16, 4 float32),
 s the master's shard count (W with fsdp2, else 1), k open groups, T tokens of one backward
 (every one scored: the upper bound), T_p prefix tokens (a group's prompt but its last token,
 forwarded once per open group), K = 2 L n_kv d T_p the prompt's key/value proxies, X the
-largest parameter tensor, L layers, h hidden, f intermediate, n_q / n_kv heads of width d,
-V vocabulary.
+largest trained tensor (X' the larger of X and one layer's prompt keys, n_kv d T_p), L
+layers, h hidden, f intermediate, n_q / n_kv heads of width d, V vocabulary.
 
 Terms, as the code holds them (``parallel/fsdp.py``, ``parallel/data_parallel.py``,
 ``streaming/base.py``, ``streaming/grpo_stream.py``):
 
+    base                c P_0      LoRA's frozen base model (below); 0 for full fine-tuning
     replica             c P        the compute copy; 0 when the learner runs on a float32 master
     master              4 P / s    float32 weights (fully_shard splits dim 0 over the ranks)
     optimizer           8 P / s    AdamW's moments, plus a 4-byte step per parameter tensor
@@ -40,7 +43,7 @@ Terms, as the code holds them (``parallel/fsdp.py``, ``parallel/data_parallel.py
                                    of it at the backward's peak; the per-trajectory path
                                    frees it once it is in the statistics, before a close
     combination         4 (P+K)    a x1 + b x2 (with release="group": the sum) at a close
-    temporaries         8 X        a x1 and b x2 of the largest tensor while they are summed;
+    temporaries         8 X'       a x1 and b x2 of the largest tensor while they are summed;
                                    4 X for a float32 cast of a lower-precision gradient
     replay_gradient     c P_r      the prompt replay's gradient (P_r: the parameters the
                                    prompt's keys and values depend on)
@@ -53,7 +56,7 @@ Terms, as the code holds them (``parallel/fsdp.py``, ``parallel/data_parallel.py
     step_transient      4 P / s    foreach AdamW (CUDA's default) takes sqrt(v) of every
                                    tensor at once; the per-tensor loop (CPU) 8 X / s
 
-Phases (resident = base + replica + master + optimizer; base is LoRA's frozen model, c P):
+Phases (resident = base + replica + master + optimizer; base is LoRA's frozen model):
 
     begin_batch     resident + accumulator        a reused learner frees the last batch's
                                                   accumulator before it allocates this one's
@@ -107,10 +110,46 @@ buffers, the load at start-up (the float32 model and its copy), pack rows (a pac
 repeats the prompt's keys B times), ``learner_order="fixed"`` (one gradient per arrived
 trajectory), the float32 cast of one lower-precision gradient tensor as it enters the
 statistics (4 X, once the backward's activations are freed), gradient checkpointing (the
-learner does not use it). LoRA is predicted, not built: a frozen base in the compute dtype,
-the adapters trained like the full model above, and full fine-tuning's activations plus one
-rank-r activation per adapted projection (an upper bound: a frozen norm weight does not
-need its normalised input kept).
+learner does not use it).
+
+The sync learner (``learner="sync"``) forwards a trajectory's whole row, prompt and
+response (T_p + T tokens, no prompt cache: K = 0), one row per backward
+(``micro_batch_tokens`` of one row; its default, the whole batch in one forward, holds every
+row's activations at once). It has begin_batch, backward, barrier and optimizer_step with
+the terms above, pending, group_statistics, prompt_graphs and held_gradients 0: with no
+prompt, where the two learners' rows are the same tokens, streaming adds exactly the open
+groups' statistics, 8 k P, to the backward's peak (two float32 buffers of the trainable
+parameters per open group); with a prompt also the statistics' 8 k K, the prompt graphs
+k A_p and a row of T tokens attending to a cache instead of T_p + T tokens.
+
+LoRA (``policy/lora.py``, ``parallel/fsdp.py``) trains P = sum over layers and adapted
+projections of r (in + out) parameters (A is r x in, B is out x r), held in float32 at any
+compute dtype: replicated they are their own master (replica 0), with fsdp2 the replica
+keeps them whole (4 P) beside the sharded float32 master. The terms above are sized by
+them, with 4 for c where they hold adapter gradients (transient, held and replay gradients,
+the barrier's p.grad; the prompt proxies' part stays c K, and no float32 cast is needed).
+The frozen base (P_0 parameters, the adapted weights included) is base = c P_0 on every
+rank: no master, gradient or optimizer state (AdamW keeps state only for parameters that
+get a gradient). Activations, checked tensor by tensor for the seven projections (with
+fewer, the formula is an upper bound: a projection without an adapter keeps its input only
+where another needs it), per layer and token:
+
+    + 4 r n_a                   each adapter's r-wide A x, which B's gradient needs
+                                (n_a adapted projections per layer)
+    - 2 c h - c (n_q + n_kv) d  a frozen norm weight needs no normalised input (the two
+                                RMSNorms, and Qwen3's q/k norms)
+    + 4 sum_a in_a - c (2 h + f)
+                                when c is not 4: peft runs a float32 adapter on a float32
+                                copy of its input, one per adapter, while the c-byte norm
+                                outputs and MLP product are kept by no frozen projection
+
+and per backward - T (c h + 4 h + 12) - c h N: the final norm's normalised input and the
+scored hidden states (frozen head); the first layer's input norm keeps nothing, its input
+(the frozen embedding's) needing no gradient, and the token ids are not kept. The backward
+ends with no embedding or hidden-state gradient. An open group's prompt graph changes the
+same way: every layer but the last as above, the last by its k and v adapters' 4 r (and,
+when c is not 4, their inputs' 4 h, less the norm output's c h) less c h + c n_kv d (its
+frozen input norm and k norm). A 0-dim float64 scale per adapter (8 bytes) is not counted.
 
 Pure Python: nothing here imports torch.
 """
@@ -289,15 +328,32 @@ class ModelShape:
         per_layer = [shape for t in targets for shape in ((rank, sizes[t][0]), (sizes[t][1], rank))]
         return per_layer * self.num_hidden_layers
 
+    def lora_largest_tensor(self, rank: int, targets: tuple[str, ...]) -> int:
+        return rank * max(max(self.projections()[t]) for t in targets)
+
+    def _lora_layer_bytes(self, c: int, lora: LoraSpec) -> int:
+        """Per token: what LoRA changes in a layer's saved activations (module docstring)."""
+        h, f = self.hidden_size, self.intermediate_size
+        qk = c * (self.num_attention_heads + self.num_key_value_heads) * self.head_dim
+        frozen_norms = 2 * c * h + (qk if self.qk_norm else 0)
+        change = 4 * lora.rank * len(lora.targets) - frozen_norms
+        if c != 4:
+            inputs = self.projections()
+            change += 4 * sum(inputs[t][0] for t in lora.targets) - c * (2 * h + f)
+        return change
+
     def prompt_kv_elements(self, prefix_tokens: int) -> int:
         """K: elements of a prompt's keys and values over every layer."""
         return 2 * self.num_hidden_layers * self.kv_width * prefix_tokens
 
     # -- activations -----------------------------------------------------------------------
-    def layer_activation_bytes(self, c: int, tokens: int, keys: int, *, masked: bool) -> int:
+    def layer_activation_bytes(
+        self, c: int, tokens: int, keys: int, *, masked: bool, lora: LoraSpec | None = None
+    ) -> int:
         """Bytes one decoder layer keeps for its backward over ``tokens`` rows attending to
         ``keys`` keys (module docstring); ``masked``: attention takes an explicit mask (a
-        prompt cache), so grouped keys and values are repeated to every query head."""
+        prompt cache), so grouped keys and values are repeated to every query head; ``lora``:
+        the base frozen, adapters on ``lora.targets``."""
         h, d = self.hidden_size, self.head_dim
         n_q, n_kv = self.num_attention_heads, self.num_key_value_heads
         per_token = 2 * ((4 + 2 * c) * h + 4)
@@ -306,24 +362,34 @@ class ModelShape:
         # SDPA's output is laid out (T, heads, d): o_proj reads that storage, no copy.
         per_token += 2 * c * n_q * d + 4 * n_q
         per_token += 4 * c * self.intermediate_size
+        if lora is not None:
+            per_token += self._lora_layer_bytes(c, lora)
         kv = 2 * c * n_kv * d * keys
         # repeat_kv reshapes an expanded view: a copy unless a single key head.
         repeated = 2 * c * n_q * d * keys if masked and 1 < n_kv < n_q else 0
         mask = c * tokens * keys if masked else 0
         return tokens * per_token + kv + repeated + mask
 
-    def prompt_graph_bytes(self, c: int, prefix_tokens: int) -> int:
+    def prompt_graph_bytes(self, c: int, prefix_tokens: int, lora: LoraSpec | None = None) -> int:
         """A_p: what one open group's prompt forward keeps until its replay: every layer but
         the last whole, the last up to its keys and values (its queries, attention and MLP
-        feed nothing that is kept); rotary tables and token ids."""
+        feed nothing that is kept); rotary tables and token ids. ``lora``: the base frozen
+        (module docstring)."""
         if prefix_tokens <= 0:
             return 0
         t, h, n_kv = prefix_tokens, self.hidden_size, self.num_key_value_heads
-        whole = self.layer_activation_bytes(c, t, t, masked=False)
+        whole = self.layer_activation_bytes(c, t, t, masked=False, lora=lora)
         last = t * ((4 + 2 * c) * h + 4 + 2 * c * self.kv_width)
         if self.qk_norm:
             last += t * ((4 + c) * n_kv * self.head_dim + 4 * n_kv)
         shared = 2 * c * t * self.head_dim + 8 * t
+        if lora is not None:
+            kv_adapters = sum(target in ("k_proj", "v_proj") for target in lora.targets)
+            frozen_norms = c * h + (c * self.kv_width if self.qk_norm else 0)
+            last += t * (4 * lora.rank * kv_adapters - frozen_norms)
+            if c != 4:
+                last += t * (4 * h * kv_adapters - c * h)
+            shared -= t * (4 * h + 12)
         return (self.num_hidden_layers - 1) * whole + last + shared
 
     def saved_activation_bytes(
@@ -333,27 +399,37 @@ class ModelShape:
         prefix_tokens: int,
         *,
         scored_tokens: int | None = None,
-        lora_width: int = 0,
+        lora: LoraSpec | None = None,
     ) -> int:
         """What one forward over ``tokens`` rows after a cached prompt of ``prefix_tokens``
         keeps for its backward: the layers, the head, rotary tables, token ids and the scored
-        mask. ``scored_tokens`` defaults to every row; ``lora_width`` is the sum of the
-        adapters' ranks over one layer's adapted projections."""
+        mask. ``scored_tokens`` defaults to every row; ``lora``: the base frozen (module
+        docstring)."""
         t, h, v = tokens, self.hidden_size, self.vocab_size
         n = t if scored_tokens is None else scored_tokens
         keys, masked = t + prefix_tokens, prefix_tokens > 0
-        layer = self.layer_activation_bytes(c, t, keys, masked=masked) + c * lora_width * t
+        layer = self.layer_activation_bytes(c, t, keys, masked=masked, lora=lora)
         head = t * ((4 + c) * h + 4) + n * (c * h + 4 * v + 8)
         shared = 2 * c * t * self.head_dim + 9 * t
+        if lora is not None:
+            # Frozen final norm and head; the first layer's input norm keeps nothing (the
+            # frozen embedding's output needs no gradient), nor are the token ids kept.
+            head -= c * h * (t + n)
+            shared -= t * (4 * h + 12)
         return self.num_hidden_layers * layer + head + shared
 
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """Adapters of rank ``rank`` on ``targets`` beside a frozen base (predicted, not built)."""
+    """Adapters of rank ``rank`` on ``targets`` beside a frozen base: ``policy/lora.py``'s
+    ``LoraSettings.r`` and ``target_modules`` (alpha does not change memory)."""
 
     rank: int = 16
     targets: tuple[str, ...] = LORA_TARGETS
+
+    def __post_init__(self) -> None:
+        if self.rank < 1 or not self.targets:
+            raise ValueError(f"LoRA needs rank >= 1 and at least one target, got {self}")
 
 
 @dataclass(frozen=True)
@@ -384,6 +460,9 @@ class LearnerLayout:
     sharded_streaming_state: bool = False
     #: torch's AdamW takes its foreach path on CUDA and a loop over tensors on CPU.
     adamw_foreach: bool = True
+    #: ``sync``: the sync learner, one whole row (prompt and response) per backward; it
+    #: holds no open group, so ``open_groups``, ``release`` and ``group_size`` do not apply.
+    learner: Literal["streaming", "sync"] = "streaming"
 
     def __post_init__(self) -> None:
         if min(self.world_size, self.open_groups, self.group_size, self.tokens_per_backward) < 1:
@@ -400,6 +479,12 @@ class LearnerLayout:
             raise ValueError(f"release must be 'trajectory' or 'group', got {self.release!r}")
         if self.sharded_gradient and self.sharding != "fsdp2":
             raise ValueError("sharded_gradient holds the fsdp2 master's rows: needs fsdp2")
+        if self.learner not in ("streaming", "sync"):
+            raise ValueError(f"learner must be 'streaming' or 'sync', got {self.learner!r}")
+        if self.learner == "sync" and (
+            self.packs or self.sharded_gradient or self.sharded_streaming_state
+        ):
+            raise ValueError("the sync learner is modelled without packs or sharded gradients")
 
     def describe(self) -> str:
         lora = f" lora r={self.lora.rank}" if self.lora else ""
@@ -407,9 +492,12 @@ class LearnerLayout:
         sharded = " sharded gradient" if self.sharded_gradient else ""
         projected = " sharded streaming state (projection)" if self.sharded_streaming_state else ""
         groups = f"k={self.open_groups}" if self.release == "trajectory" else "one group"
+        learner = f"release={self.release} {groups}"
+        if self.learner == "sync":
+            learner = "sync learner, one row per backward,"
         return (
-            f"W={self.world_size} {self.sharding} {self.compute_dtype} release={self.release} "
-            f"{groups} T={self.tokens_per_backward} T_p={self.prefix_tokens}{packs}{lora}"
+            f"W={self.world_size} {self.sharding} {self.compute_dtype} {learner} "
+            f"T={self.tokens_per_backward} T_p={self.prefix_tokens}{packs}{lora}"
             f"{sharded}{projected}"
         )
 
@@ -464,6 +552,9 @@ class _Trained:
     largest: int
     base_bytes: int
     tied: bool
+    #: Bytes per element of the trained parameters' compute copy and of their gradients:
+    #: c, or 4 for LoRA's float32 adapters.
+    element_bytes: int
 
 
 def _trained(shape: ModelShape, layout: LearnerLayout, c: int) -> _Trained:
@@ -477,6 +568,7 @@ def _trained(shape: ModelShape, layout: LearnerLayout, c: int) -> _Trained:
             largest=shape.largest_tensor,
             base_bytes=0,
             tied=shape.tie_word_embeddings,
+            element_bytes=c,
         )
     adapters = shape.lora_parameter_count(lora.rank, lora.targets)
     # Of the last layer's adapters only the keys' and values' reach the prompt's.
@@ -487,23 +579,28 @@ def _trained(shape: ModelShape, layout: LearnerLayout, c: int) -> _Trained:
         rows=shape.lora_parameter_rows(lora.rank, lora.targets),
         tensors=2 * len(lora.targets) * shape.num_hidden_layers,
         replay=adapters - last,
-        largest=lora.rank * max(shape.hidden_size, shape.intermediate_size),
+        largest=shape.lora_largest_tensor(lora.rank, lora.targets),
         base_bytes=c * shape.parameter_count,
         tied=False,
+        element_bytes=4,
     )
 
 
 def _backward(
-    shape: ModelShape, layout: LearnerLayout, c: int, gradient_bytes: int, tied: bool
+    shape: ModelShape, layout: LearnerLayout, c: int, gradient_bytes: int, trained: _Trained
 ) -> dict[str, int]:
     """activations and transient_gradient at the backward's peak, its start or its end."""
     t, tp = layout.tokens_per_backward, layout.prefix_tokens
-    lora_width = layout.lora.rank * len(layout.lora.targets) if layout.lora else 0
-    start = shape.saved_activation_bytes(c, t, tp, lora_width=lora_width)
-    start += 8 * shape.vocab_size * t
+    scored = t
+    if layout.learner == "sync":
+        t, tp = tp + t, 0  # the whole row, no prompt cache
+    start = shape.saved_activation_bytes(c, t, tp, scored_tokens=scored, lora=layout.lora)
+    start += 8 * shape.vocab_size * scored
     cache_kv = 2 * c * shape.num_hidden_layers * shape.kv_width * (t + tp) if tp > 0 else 0
-    embedding_copies = 2 * c * shape.vocab_size * shape.hidden_size if tied else 0
-    end = cache_kv + embedding_copies + c * t * shape.hidden_size
+    embedding_copies = 2 * c * shape.vocab_size * shape.hidden_size if trained.tied else 0
+    # A frozen embedding takes no gradient, so none flows into the first layer's input.
+    hidden = c * t * shape.hidden_size if layout.lora is None else 0
+    end = cache_kv + embedding_copies + hidden
     if start >= end + gradient_bytes:
         return {"activations": start, "transient_gradient": 0}
     return {"activations": end, "transient_gradient": gradient_bytes}
@@ -513,14 +610,10 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
     """Bytes one learner rank holds in each phase of a step (module docstring)."""
     c = DTYPE_BYTES[layout.compute_dtype]
     shards = layout.world_size if layout.sharding == "fsdp2" else 1
-    projected = layout.sharded_streaming_state
-    spread = layout.world_size if projected else 1
     trained = _trained(shape, layout, c)
-    p = trained.parameters
-    streamed = p + shape.prompt_kv_elements(layout.prefix_tokens)
-    by_trajectory = layout.release == "trajectory"
+    p, g = trained.parameters, trained.element_bytes
     # Only a replicated float32 learner computes on its master (ReplicatedState).
-    replica = 0 if layout.sharding == "replicated" and c == 4 else c * p
+    replica = 0 if layout.sharding == "replicated" and g == 4 else g * p
     master = _ceil_div(4 * p, shards)
     resident = {
         "base": trained.base_bytes,
@@ -528,35 +621,84 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
         "master": master,
         "optimizer": _ceil_div(8 * p, shards) + 4 * trained.tensors,
     }
-    by_rows = layout.sharded_gradient or projected
+    by_rows = layout.sharded_gradient or layout.sharded_streaming_state
     accumulator = 4 * _shard_rows_elements(trained.rows, layout.world_size) if by_rows else 4 * p
+    phases = {"begin_batch": resident | {"accumulator": accumulator}}
+    if layout.learner == "sync":
+        idle = dict.fromkeys(_STREAMING[1:], 0)
+        phases["backward"] = (
+            resident
+            | {"accumulator": accumulator}
+            | idle
+            | _backward(shape, layout, c, g * p, trained)
+        )
+    else:
+        phases |= _streaming_phases(
+            shape, layout, c, trained, resident=resident, accumulator=accumulator
+        )
+    phases["barrier"] = resident | {
+        "accumulator": accumulator,
+        "replica_grads": 0 if by_rows else (g if replica else 4) * p,
+    }
+    phases["optimizer_step"] = resident | {
+        "accumulator": accumulator,
+        "grads": master,
+        "step_transient": master
+        if layout.adamw_foreach
+        else 2 * _ceil_div(4 * trained.largest, shards),
+    }
+    for name, terms in phases.items():
+        if tuple(terms) != PHASES[name]:
+            raise AssertionError(f"phase {name}: terms {tuple(terms)} != {PHASES[name]}")
+    counts = {"parameters": shape.parameter_count, "trainable_parameters": p}
+    return MemoryEstimate(layout=layout, phases=phases, counts=counts)
+
+
+def _streaming_phases(
+    shape: ModelShape,
+    layout: LearnerLayout,
+    c: int,
+    trained: _Trained,
+    *,
+    resident: dict[str, int],
+    accumulator: int,
+) -> dict[str, dict[str, int]]:
+    """The streaming learner's backward, close, replay and flush (module docstring)."""
+    projected = layout.sharded_streaming_state
+    spread = layout.world_size if projected else 1
+    p = trained.parameters
+    kv = shape.prompt_kv_elements(layout.prefix_tokens)
+    streamed = p + kv
+    by_trajectory = layout.release == "trajectory"
     # What a close adds waits, whole and float32, for the next flush (after every group's
     # last trajectory); the projection adds its rows straight into the shards.
     pending = 4 * p if layout.sharded_gradient and not projected else 0
     groups = layout.open_groups if by_trajectory else 1
+    prompt_graph = shape.prompt_graph_bytes(c, layout.prefix_tokens, layout.lora)
     streaming = {
         "accumulator": accumulator,
         "pending": 0,
         "group_statistics": groups * _ceil_div(8 * streamed, spread) if by_trajectory else 0,
-        "prompt_graphs": groups * shape.prompt_graph_bytes(c, layout.prefix_tokens),
+        "prompt_graphs": groups * prompt_graph,
     }
     # Per trajectory, a close admits held sources at once: their backwards, and their
     # groups' closes, run before the flush, beside the first close's pending buffer.
     before_flush = streaming | {"pending": pending if by_trajectory else 0}
-    transient = c * streamed
+    transient = trained.element_bytes * p + c * kv
     # release="group" adds each backward's gradient into the first one's, in place.
     held = 0 if by_trajectory or layout.group_size < 2 else transient
     held_at_close = 0 if by_trajectory and not layout.packs else transient
     closing = {"held_gradients": held_at_close, "combination": _ceil_div(4 * streamed, spread)}
-    largest_fp32 = 4 * _ceil_div(trained.largest, spread)
+    # The largest streamed tensor: a trained one, or one layer's prompt keys.
+    largest = max(trained.largest, shape.kv_width * layout.prefix_tokens)
+    largest_fp32 = 4 * _ceil_div(largest, spread)
     # A float32 copy of a lower-precision gradient tensor as it is added to float32 sums.
-    cast = largest_fp32 if c != 4 else 0
+    cast = 4 * _ceil_div(trained.largest, spread) if trained.element_bytes != 4 else 0
     phases = {
-        "begin_batch": resident | {"accumulator": accumulator},
         "backward": resident
         | before_flush
         | {"held_gradients": held}
-        | _backward(shape, layout, c, transient, trained.tied),
+        | _backward(shape, layout, c, transient, trained),
         "group_close": resident
         | before_flush
         | closing
@@ -567,31 +709,15 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
         | streaming
         | {"pending": pending}
         | closing
-        | {"replay_gradient": c * trained.replay, "temporaries": cast},
-        "flush": resident
-        | streaming
-        | {"pending": pending, "flush_buffers": _flush_bytes(trained.rows, layout.world_size)},
-        "barrier": resident
-        | {
-            "accumulator": accumulator,
-            "replica_grads": 0 if by_rows else (c if replica else 4) * p,
-        },
-        "optimizer_step": resident
-        | {
-            "accumulator": accumulator,
-            "grads": master,
-            "step_transient": master
-            if layout.adamw_foreach
-            else 2 * _ceil_div(4 * trained.largest, shards),
-        },
+        | {"replay_gradient": trained.element_bytes * trained.replay, "temporaries": cast},
     }
-    if not pending:
-        del phases["flush"]
-    for name, terms in phases.items():
-        if tuple(terms) != PHASES[name]:
-            raise AssertionError(f"phase {name}: terms {tuple(terms)} != {PHASES[name]}")
-    counts = {"parameters": shape.parameter_count, "trainable_parameters": p}
-    return MemoryEstimate(layout=layout, phases=phases, counts=counts)
+    if pending:
+        phases["flush"] = (
+            resident
+            | streaming
+            | {"pending": pending, "flush_buffers": _flush_bytes(trained.rows, layout.world_size)}
+        )
+    return phases
 
 
 def _shard_rows_elements(rows: list[tuple[int, int]], world: int) -> int:
@@ -617,13 +743,14 @@ def check_learner_memory(shape: ModelShape, layout: LearnerLayout, gpu_bytes: in
 
 def layout_of(config: Any) -> LearnerLayout:
     """The layout a GRPO ``TrainConfig`` gives a learner rank: its ranks, sharding, compute
-    dtype, open groups, release rule, whether it runs packs and holds the batch gradient
-    sharded (``learner_sharded_gradient``); a backward of
-    ``learner_pack_tokens`` or of the longest response (``rollout.max_total_tokens``), after
-    a prompt of the rest of the context (``rollout.max_model_len``): the longest the run may
-    see."""
+    dtype, open groups, release rule, whether it runs packs, holds the batch gradient
+    sharded (``learner_sharded_gradient``) or trains LoRA adapters (``policy.lora``); a
+    backward of ``learner_pack_tokens`` or of the longest response
+    (``rollout.max_total_tokens``), after a prompt of the rest of the context
+    (``rollout.max_model_len``): the longest the run may see."""
     learner = config.resources.learner
     rollout = config.rollout
+    lora = config.policy.lora
     return LearnerLayout(
         world_size=learner.ranks,
         sharding=config.learner_sharding if learner.ranks > 1 else "replicated",
@@ -635,6 +762,7 @@ def layout_of(config: Any) -> LearnerLayout:
         group_size=config.group_size,
         packs=config.packs,
         sharded_gradient=config.learner_sharded_gradient,
+        lora=None if lora is None else LoraSpec(lora.r, tuple(lora.target_modules)),
     )
 
 
