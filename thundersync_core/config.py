@@ -115,7 +115,8 @@ class PolicyConfig(_Strict):
     #: A teacher folder for OPD; empty: warm-started from the preset (more steps).
     teacher_path: Path | None = None
     #: Train LoRA adapters instead of every weight (empty: full fine-tuning). Engines and
-    #: evaluation load the merged weights; checkpoints keep the adapter (``adapter/``).
+    #: evaluation load the merged weights (engines may take the adapter instead:
+    #: ``rollout.lora_publication``); checkpoints keep the adapter (``adapter/``).
     lora: LoraConfig | None = None
 
 
@@ -209,6 +210,11 @@ class RolloutConfig(_Strict):
     #: difference fails the step naming the engine and parameter. Costs a hash of the model
     #: per step on both sides.
     verify_publication: bool = False
+    #: How a LoRA policy (``policy.lora``) reaches the engines: ``merged``, the weights with
+    #: each adapter merged in (any engine); ``adapter``, each version's adapter in peft's
+    #: format, a new adapter in vLLM's LoRA support over the base weights, switched without
+    #: restarting the engine (``rollout.engine: vllm``, ``publication: file``).
+    lora_publication: Literal["merged", "adapter"] = "merged"
 
 
 class TrainConfig(_Strict):
@@ -308,17 +314,32 @@ class TrainConfig(_Strict):
                 "learner_sharded_gradient shards GRPO's batch gradient over fsdp2 ranks: it "
                 "needs objective: grpo, learner_sharding: fsdp2 and resources.learner.ranks >= 2"
             )
-        if self.policy.lora is not None and (
-            self.resources.learner.ranks > 1 or self.learner_dtype != "float32"
-        ):
-            raise ValueError(
-                "policy.lora trains on one float32 learner rank: set resources.learner.ranks: 1 "
-                "and learner_dtype: float32"
-            )
         if self.learner_order == "fixed" and self.objective != "grpo":
             raise ValueError(
                 "learner_order: fixed orders the per-source GRPO learner's sums; "
                 "objective opd sums in arrival order (use learner_order: arrival)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_publication_fits(self) -> TrainConfig:
+        if self.rollout.lora_publication != "adapter":
+            return self
+        if self.policy.lora is None:
+            raise ValueError(
+                "rollout.lora_publication: adapter publishes the policy's LoRA adapter: it "
+                "needs policy.lora (full fine-tuning publishes the weights)"
+            )
+        if self.rollout.engine != "vllm":
+            raise ValueError(
+                "rollout.lora_publication: adapter needs rollout.engine: vllm (vLLM's LoRA "
+                f"support), got {self.rollout.engine!r}; the transformers engine loads merged "
+                "weights (lora_publication: merged)"
+            )
+        if self.rollout.publication != "file":
+            raise ValueError(
+                "rollout.lora_publication: adapter writes each version's adapter to a folder "
+                "the engines read: it needs rollout.publication: file"
             )
         return self
 

@@ -6,7 +6,10 @@ A checkpoint folder ``step-NNNNNN`` (the layout of ``checkpoint.py``) holds:
                  keyed by parameter name (``get_state_dict``), so a save at W ranks loads at
                  W' ranks (DCP reads each rank's slice) and into a plain one-process model
     model/       Hugging Face weights and config (rank 0, streamed per tensor) for evaluation
-                 and the rollout engines, in ``export_dtype`` (the master is in dcp/)
+                 and the rollout engines, in ``export_dtype`` (the master is in dcp/); a LoRA
+                 learner's adapters merged into them
+    adapter/     a LoRA learner's adapters in peft's format (dcp/ holds them with the frozen
+                 base, by the learner's parameter names)
     rng.pt       rank 0's random-number states (the streaming learners draw none; kept for
                  the schedules and data cursor, as in a one-process checkpoint)
     state.json   step, policy version, world size and sharding it was written with
@@ -32,6 +35,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from thundersync_core.checkpoint import (
+    ADAPTER_DIR,
     STATE_FILE,
     checkpoint_dir,
     dtype_name,
@@ -81,6 +85,7 @@ def save_group_checkpoint(
     state.write_weights(staging / "model" / "model.safetensors", dtype=export_dtype)
     if _rank() == 0:
         save_model_config(model_config, staging / "model", export_dtype)
+        _save_adapter_if_any(state.model, staging / ADAPTER_DIR)
         rng = {
             "python": random.getstate(),
             "numpy": np.random.get_state(),
@@ -102,6 +107,16 @@ def save_group_checkpoint(
         staging.rename(target)
     _barrier()
     return target
+
+
+def _save_adapter_if_any(model: torch.nn.Module, directory: Path) -> None:
+    """A LoRA learner's adapters in peft's format (its compute replica holds them whole and
+    in float32, equal to the master)."""
+    from thundersync_core.policy.lora import adapter_settings, save_adapter  # noqa: PLC0415
+
+    settings = adapter_settings(model)
+    if settings is not None:
+        save_adapter(model, settings, directory)
 
 
 def load_group_checkpoint(

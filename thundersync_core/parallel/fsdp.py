@@ -22,6 +22,19 @@ run sources at independent times, so a per-source forward cannot issue FSDP's al
 parameter; it still costs, per rank, the replica (4 or 2 bytes per parameter) plus the
 float32 batch accumulator (4 bytes) plus the open groups' statistics.
 
+LoRA (a model carrying peft adapters, ``policy/lora.py``): the optimizer and any separate
+master cover the trainable adapters only; the frozen base needs neither (nothing steps it).
+Every rank applies the adapters with the same seed before its state is built, so the ranks
+start identical. With a lower compute dtype the frozen base is cast to it in place and the
+float32 adapters are their own master: peft runs each adapter in its weights' dtype (the
+input cast up, the sum cast back to the base's output dtype), so no replica of the adapters
+is needed and the learner's float32 accumulator is their gradient as it is. ``fsdp2``
+shards the adapters' float32 master and AdamW state; the frozen base stays whole on every
+rank (in the compute replica, which the streamed forward needs anyway), and the master
+module lists it by name beside the sharded adapters (FSDP ignores it), so a checkpoint
+holds the base and the adapters. Publication merges the adapters (W + s B A, in W's dtype)
+from the replica, whose float32 adapters equal the master: no gather.
+
 Publication: rank 0 writes the safetensors file one tensor at a time
 (``write_safetensors_streamed``). When the replica is float32 it already equals the gathered
 master and rank 0 writes it directly (no collective); with a bfloat16 replica each master
@@ -38,13 +51,16 @@ import math
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+if TYPE_CHECKING:
+    from thundersync_core.policy.lora import LoraSettings
 
 Sharding = Literal["replicated", "fsdp2"]
 
@@ -100,6 +116,59 @@ def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     )
 
 
+def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters an optimizer steps (all of them, or a LoRA model's adapters), by name."""
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _carries_adapters(model: torch.nn.Module) -> bool:
+    from thundersync_core.policy.lora import adapter_settings  # noqa: PLC0415
+
+    return adapter_settings(model) is not None
+
+
+def _base_in_compute_dtype(model: torch.nn.Module, compute_dtype: torch.dtype) -> None:
+    """A LoRA model at a lower compute dtype: its frozen base is cast to it in place (it
+    needs no float32 master: nothing steps it); the float32 adapters stay their own master."""
+    wrong = sorted({n for n, p in trainable_parameters(model) if p.dtype != torch.float32})
+    if wrong:
+        raise ValueError(
+            f"the LoRA adapters must be float32 (their own master), got {wrong[:3]}; apply "
+            "them to the float32 model before the base is cast to the compute dtype"
+        )
+    for p in model.parameters():
+        if not p.requires_grad and p.dtype != compute_dtype:
+            p.data = p.data.to(compute_dtype)
+
+
+def _adapter_master(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
+    """The sharded master of a model with frozen parameters (LoRA): a module with the
+    model's parameter names (tied ones under each name) whose trainable parameters are float32
+    copies sharded by FSDP2, and whose frozen ones are the model's own tensors, left whole
+    (FSDP ignores them). Its state dict is the base and the adapters, as a checkpoint needs."""
+    master = torch.nn.Module()
+    copies: dict[int, torch.nn.Parameter] = {}
+    frozen: set[torch.nn.Parameter] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        *path, leaf = name.split(".")
+        owner = master
+        for part in path:
+            child = owner._modules.get(part)
+            if child is None:
+                child = torch.nn.Module()
+                owner.add_module(part, child)
+            owner = child
+        if p.requires_grad:
+            if id(p) not in copies:
+                copies[id(p)] = torch.nn.Parameter(p.detach().to(torch.float32, copy=True))
+            owner.register_parameter(leaf, copies[id(p)])
+        else:
+            owner.register_parameter(leaf, p)
+            frozen.add(p)
+    fully_shard(master, mesh=mesh, ignored_params=frozen)
+    return master
+
+
 class _WholeMaster:
     """A float32 master held whole on every rank (``self.master``) with its AdamW; the
     learner computes on ``self.model``, the master itself or a replica refreshed from it."""
@@ -134,11 +203,14 @@ class _WholeMaster:
 
 
 class ReplicatedState(_WholeMaster):
-    """Full model, gradient and optimizer on every rank; identical steps."""
+    """Full model, gradient and optimizer on every rank; identical steps. The optimizer
+    steps the trainable parameters (a LoRA model's adapters, float32 over a base that may
+    be in a lower compute dtype)."""
 
     def __init__(self, model: torch.nn.Module, *, lr: float) -> None:
         self.model = self.master = model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.params = [p for _, p in trainable_parameters(model)]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr)
 
     def clip(
         self,
@@ -146,8 +218,8 @@ class ReplicatedState(_WholeMaster):
         grads: Mapping[str, torch.Tensor] | None = None,
         sign: float = 1.0,
     ) -> float:
-        """The model is float32: its ``.grad`` is the barrier's gradient already."""
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm))
+        """The trainable parameters are float32: their ``.grad`` is the barrier's gradient."""
+        return float(torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm))
 
     def state_bytes(self) -> dict[str, int]:
         params = list(self.model.parameters())
@@ -159,14 +231,16 @@ class ReplicatedState(_WholeMaster):
 
 
 def _pair_bytes(
+    model: torch.nn.Module,
     pairs: Sequence[tuple[str, torch.nn.Parameter, torch.nn.Parameter]],
     optimizer: torch.optim.Optimizer,
 ) -> dict[str, int]:
-    """Bytes of a replica beside its master (weights and gradients of both) and the AdamW."""
+    """Bytes of the replica ``model`` (frozen parameters included) beside the master of its
+    trainable ones (weights and gradients of both) and the AdamW."""
     replica = [r for _, r, _ in pairs]
     master = [m for _, _, m in pairs]
     return {
-        "params": _nbytes(master) + _nbytes(replica),
+        "params": _nbytes(master) + _nbytes(model.parameters()),
         "grads": _nbytes(p.grad for p in master) + _nbytes(r.grad for r in replica),
         "optimizer": _optimizer_bytes(optimizer),
     }
@@ -202,9 +276,9 @@ class MixedPrecisionState(_WholeMaster):
             )
         self.master = model
         self.model = cast_parameters(copy.deepcopy(model), compute_dtype)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         replica = dict(self.model.named_parameters())
-        self.pairs = [(name, replica[name], p) for name, p in model.named_parameters()]
+        self.pairs = [(name, replica[name], p) for name, p in trainable_parameters(model)]
+        self.optimizer = torch.optim.AdamW([p for _, _, p in self.pairs], lr=lr)
 
     def clip(
         self,
@@ -215,7 +289,8 @@ class MixedPrecisionState(_WholeMaster):
         for name, replica_p, master_p in self.pairs:
             master_p.grad = _float32_grad(name, replica_p, grads, sign)
             replica_p.grad = None
-        return float(torch.nn.utils.clip_grad_norm_(self.master.parameters(), max_grad_norm))
+        masters = [p for _, _, p in self.pairs]
+        return float(torch.nn.utils.clip_grad_norm_(masters, max_grad_norm))
 
     def refresh_replica(self) -> None:
         with torch.no_grad():
@@ -223,11 +298,12 @@ class MixedPrecisionState(_WholeMaster):
                 replica_p.copy_(master_p.to(replica_p.dtype))
 
     def state_bytes(self) -> dict[str, int]:
-        return _pair_bytes(self.pairs, self.optimizer)
+        return _pair_bytes(self.model, self.pairs, self.optimizer)
 
 
 class ShardedState:
-    """A compute replica for streaming, and an FSDP2-sharded float32 master with the optimizer."""
+    """A compute replica for streaming, and an FSDP2-sharded float32 master with the optimizer
+    (of the trainable parameters: with LoRA the adapters, beside the whole frozen base)."""
 
     def __init__(
         self,
@@ -242,7 +318,12 @@ class ShardedState:
         (``load_sharded_state``); otherwise it is made here from ``model``."""
         self.model = model
         self.mesh = mesh
-        if master is None:
+        trainable = trainable_parameters(model)
+        if master is None and len(trainable) < len(list(model.parameters())):
+            if compute_dtype is not None:
+                _base_in_compute_dtype(model, compute_dtype)
+            master = _adapter_master(model, mesh)
+        elif master is None:
             # The deep copy briefly holds a second full copy; fully_shard frees all but the
             # shard. It is taken before the replica is cast: the master keeps the values.
             master = copy.deepcopy(model).to(torch.float32)
@@ -250,13 +331,17 @@ class ShardedState:
                 cast_parameters(model, compute_dtype)
             fully_shard(master, mesh=mesh)
         self.master = master
-        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(master.parameters(), lr=lr)
         replica = dict(model.named_parameters())
-        self.pairs = [(name, replica[name], p) for name, p in master.named_parameters()]
-        if len(self.pairs) != len(replica):
+        self.pairs = [
+            (name, replica[name], p) for name, p in master.named_parameters() if p.requires_grad
+        ]
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+            [p for _, _, p in self.pairs], lr=lr
+        )
+        if len(self.pairs) != len(trainable):
             raise RuntimeError(
-                f"rank {_rank()}: the sharded master has {len(self.pairs)} parameters, the "
-                f"replica {len(replica)}"
+                f"rank {_rank()}: the sharded master has {len(self.pairs)} trainable "
+                f"parameters, the replica {len(trainable)}"
             )
 
     def clip(
@@ -283,8 +368,7 @@ class ShardedState:
                 )
             master_p.grad = shard
             replica_p.grad = None
-        norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), max_grad_norm)
-        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        return self._clip_masters(max_grad_norm)
 
     def clip_shards(
         self, max_grad_norm: float, shards: Mapping[str, torch.Tensor], sign: float = 1.0
@@ -307,7 +391,11 @@ class ShardedState:
                 stride=master_p.stride(),
             )
             replica_p.grad = None
-        norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), max_grad_norm)
+        return self._clip_masters(max_grad_norm)
+
+    def _clip_masters(self, max_grad_norm: float) -> float:
+        masters = [p for _, _, p in self.pairs]
+        norm = torch.nn.utils.clip_grad_norm_(masters, max_grad_norm)
         return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
     def apply(self) -> None:
@@ -338,14 +426,17 @@ class ShardedState:
         return self.master
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The weights a publication carries: the float32 replica as it is (it equals the
-        master), or else each master tensor gathered in turn (every rank iterates)."""
+        """The weights a publication carries: the replica as it is when its trainable
+        parameters are float32 (they equal the master; LoRA adapters merged, the base in
+        its dtype), or else each master tensor gathered in turn (every rank iterates)."""
+        from thundersync_core.policy.lora import published_weights  # noqa: PLC0415
+
         if all(r.dtype == torch.float32 for _, r, _ in self.pairs):
-            return named_detached(self.model)
+            return published_weights(self.model)
         return self._gathered()
 
     def state_bytes(self) -> dict[str, int]:
-        return _pair_bytes(self.pairs, self.optimizer)
+        return _pair_bytes(self.model, self.pairs, self.optimizer)
 
 
 def build_train_state(
@@ -359,9 +450,14 @@ def build_train_state(
     """The rank's train state around ``model``; the learner runs on ``state.model``.
 
     ``compute_dtype`` (bfloat16, say) other than the model's: ``model`` holds the float32
-    master values and the state's replica computes in that dtype. ``fsdp2`` needs the
-    process group to be initialised."""
+    master values and the state's replica computes in that dtype; a LoRA model instead
+    computes on itself, its frozen base cast to that dtype in place and its float32 adapters
+    the master. ``fsdp2`` needs the process group to be initialised."""
     lower = compute_dtype is not None and any(p.dtype != compute_dtype for p in model.parameters())
+    if lower and _carries_adapters(model):
+        assert compute_dtype is not None
+        _base_in_compute_dtype(model, compute_dtype)
+        lower = False
     if sharding == "replicated":
         if lower:
             assert compute_dtype is not None
@@ -380,6 +476,8 @@ def load_sharded_state(
     lr: float,
     device: str = "cpu",
     compute_dtype: torch.dtype | None = None,
+    lora: LoraSettings | None = None,
+    lora_seed: int = 0,
 ) -> ShardedState:
     """An FSDP2 rank's state from a Hugging Face folder that only rank 0 reads.
 
@@ -389,30 +487,66 @@ def load_sharded_state(
     broadcasts each (in float32: a float32 checkpoint keeps its bits in the master), and
     every rank copies it into its replica and keeps its own slice in its master shard. A
     rank holds its replica, its master shard and one tensor in flight: never a whole float32
-    copy of the model (``build_train_state`` from a loaded model holds two, briefly)."""
-    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415
+    copy of the model (``build_train_state`` from a loaded model holds two, briefly).
 
-    from thundersync_core.policy.norm import widen_rms_norms  # noqa: PLC0415
+    ``lora``: every rank applies the adapters (seeded by ``lora_seed``, so the ranks agree)
+    to a float32 replica once its base is read, then casts the frozen base to
+    ``compute_dtype``; the master is the adapters' (``ShardedState``). The float32 replica
+    is the one whole float32 copy a rank holds, briefly when the compute dtype is lower.
+    """
+    from transformers import AutoConfig  # noqa: PLC0415
 
     model_dir = Path(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
-    dtype = compute_dtype or torch.float32
-    with _uninitialised():
-        replica = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    replica.tie_weights()  # skipped with the initialisation (tied embeddings share one tensor)
-    with torch.device("meta"):
-        master = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    for module in (replica, master):
-        widen_rms_norms(module)
-        module.eval()
-        for p in module.parameters():
-            p.requires_grad_(True)
-    replica.to(device)
     world = dist.get_world_size() if dist.is_initialized() else 1
     mesh = init_device_mesh(device, (world,))
+    if lora is not None:
+        replica = _empty_model(config, torch.float32, device)
+        _read_into(model_dir, replica, None, mesh, device)
+        from thundersync_core.policy.lora import apply_lora  # noqa: PLC0415
+
+        apply_lora(replica, lora, seed=lora_seed)
+        return ShardedState(replica, lr=lr, mesh=mesh, compute_dtype=compute_dtype)
+    replica = _empty_model(config, compute_dtype or torch.float32, device)
+    master = _empty_model(config, torch.float32, "meta")
     fully_shard(master, mesh=mesh)
     master.to_empty(device=device)
-    shards = dict(master.named_parameters())
+    _read_into(model_dir, replica, dict(master.named_parameters()), mesh, device)
+    return ShardedState(replica, lr=lr, mesh=mesh, master=master)
+
+
+def _empty_model(config: object, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """A model of ``config`` as ``load_model`` prepares one (eval mode, every parameter
+    trainable, float32-keeping norms), its weights not initialised (on "meta": no memory)."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    from thundersync_core.policy.norm import widen_rms_norms  # noqa: PLC0415
+
+    if device == "meta":
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        with _uninitialised():
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=dtype, attn_implementation="sdpa"
+            )
+        model.tie_weights()  # skipped with the initialisation (tied embeddings share one tensor)
+    widen_rms_norms(model)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model.to(device) if device != "meta" else model
+
+
+def _read_into(
+    model_dir: Path,
+    replica: torch.nn.Module,
+    shards: Mapping[str, torch.nn.Parameter] | None,
+    mesh: DeviceMesh,
+    device: str,
+) -> None:
+    """Rank 0 reads each weight and broadcasts it (float32); every rank copies it into its
+    replica and (unless ``shards`` is None) its slice into the master shard of that name."""
     reader = _WeightReader(model_dir) if _rank() == 0 else None
     with torch.no_grad():
         for name, replica_p in replica.named_parameters():
@@ -424,11 +558,11 @@ def load_sharded_state(
             if dist.is_initialized():
                 dist.broadcast(full, src=0)
             replica_p.copy_(full)
-            shard = shards[name]
-            assert isinstance(shard, DTensor)
-            mine = distribute_tensor(full, mesh, shard.placements, src_data_rank=None)
-            shard.to_local().copy_(mine.to_local())
-    return ShardedState(replica, lr=lr, mesh=mesh, master=master)
+            if shards is not None:
+                shard = shards[name]
+                assert isinstance(shard, DTensor)
+                mine = distribute_tensor(full, mesh, shard.placements, src_data_rank=None)
+                shard.to_local().copy_(mine.to_local())
 
 
 class _WeightReader:

@@ -13,7 +13,8 @@ are split over the engines and run concurrently:
   it. Sampling is seeded per request, so a trajectory's tokens do not depend on which
   engine served it.
 
-``load_weights`` returns once every engine has the new weights and only then reports the
+``load_weights`` (and ``load_adapter``, a LoRA policy's adapter on vLLM engines started
+with ``lora_rank``) returns once every engine has the new weights and only then reports the
 new version; the agent calls it between rounds, so no round is served by a mix of
 versions. An engine that fails to load fails the call naming it.
 """
@@ -30,6 +31,7 @@ from thundersync_core.rollout.engine import (
     EngineFailed,
     GenerationRequest,
     GenerationResult,
+    RolloutEngine,
     SamplingConfig,
     gone_processes,
 )
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from thundersync_core.rollout.weight_sync import GroupAddress
     from thundersync_core.runtime.placement import Reservation
 
-__all__ = ["EngineActor", "EnginePool", "assign_requests", "start_engines"]
+__all__ = ["EngineActor", "EnginePool", "assign_requests", "make_rollout_engine", "start_engines"]
 
 
 def _group_of(request: GenerationRequest) -> str:
@@ -64,6 +66,40 @@ def assign_requests(
     return chosen
 
 
+def make_rollout_engine(
+    kind: str,
+    model_dir: Path,
+    *,
+    max_model_len: int,
+    tensor_parallel_size: int = 1,
+    lora_rank: int | None = None,
+) -> RolloutEngine:
+    """The rollout role's engine (``rollout/cli.py``'s ``make_engine``); with ``lora_rank``
+    a vLLM engine with LoRA support for adapters of at most that rank."""
+    from thundersync_core.rollout.cli import make_engine  # noqa: PLC0415
+
+    if lora_rank is None:
+        return make_engine(
+            kind,
+            model_dir,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+    if kind == "hf":
+        raise ValueError(
+            "rollout.lora_publication: adapter needs the vLLM engine (rollout.engine: vllm); "
+            "the transformers engine loads merged weights"
+        )
+    from thundersync_core.rollout.vllm_engine import VLLMEngine  # noqa: PLC0415
+
+    return VLLMEngine(
+        model_dir,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        lora_rank=lora_rank,
+    )
+
+
 class EngineActor:
     """One engine in its own process (a Ray actor)."""
 
@@ -76,17 +112,18 @@ class EngineActor:
         tensor_parallel_size: int = 1,
         cores: tuple[int, ...] = (),
         index: int = 0,
+        lora_rank: int | None = None,
     ) -> None:
-        from thundersync_core.rollout.cli import make_engine  # noqa: PLC0415
         from thundersync_core.runtime.placement import pin_to_cores  # noqa: PLC0415
 
         pin_to_cores(cores)
         self.index = index
-        self.engine = make_engine(
+        self.engine = make_rollout_engine(
             kind,
             Path(model_dir),
             max_model_len=max_model_len,
             tensor_parallel_size=tensor_parallel_size,
+            lora_rank=lora_rank,
         )
 
     def generate(
@@ -96,6 +133,10 @@ class EngineActor:
 
     def load_weights(self, path: str, version: int) -> int:
         self.engine.load_weights(Path(path), version)
+        return self.engine.policy_version
+
+    def load_adapter(self, path: str, version: int) -> int:
+        self.engine.load_adapter(Path(path), version)  # type: ignore[attr-defined]
         return self.engine.policy_version
 
     def set_version(self, version: int) -> None:
@@ -213,6 +254,16 @@ class EnginePool:
             raise EngineFailed(f"engines report versions {versions} after loading v{version}")
         self._version = version
 
+    def load_adapter(self, path: Path, version: int) -> None:
+        """Every engine switches to the adapter in ``path``; the pool reports ``version``
+        only after all have."""
+        versions = self._call(
+            lambda a: a.load_adapter.remote(str(path), version), f"load adapter v{version}"
+        )
+        if set(versions) != {version}:
+            raise EngineFailed(f"engines report versions {versions} after loading v{version}")
+        self._version = version
+
     @property
     def workers(self) -> int:
         return sum(self._call(lambda a: a.workers.remote(), "answer"))
@@ -284,10 +335,12 @@ def start_engines(
     max_model_len: int,
     policy_version: int,
     placement: Reservation | None = None,
+    lora_rank: int | None = None,
 ) -> EnginePool:
     """``engines`` EngineActors, each with its share of the rollout role's GPUs and CPUs
     (cores: engine i takes cores[i::engines], all of them when there are fewer cores than
-    engines; engine i in bundle i of ``placement``), as one pool."""
+    engines; engine i in bundle i of ``placement``), as one pool; ``lora_rank``: vLLM
+    engines with LoRA support (``make_rollout_engine``)."""
     import ray  # noqa: PLC0415
 
     from thundersync_core.runtime.placement import in_bundle  # noqa: PLC0415
@@ -308,6 +361,7 @@ def start_engines(
             tensor_parallel_size=tensor_parallel_size,
             cores=cores[i::engines] if len(cores) >= engines else cores,
             index=i,
+            lora_rank=lora_rank,
         )
         for i in range(engines)
     ]

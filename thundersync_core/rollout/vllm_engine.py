@@ -8,11 +8,22 @@ and top-p, i.e. of the distribution sampled), which is what the learner recomput
 (``policy.logprobs.sampling_log_softmax``); at temperature 1 without filters they are the
 model's log-softmax. Weights are published by writing a safetensors file
 that the worker extension (``vllm_worker.py``) loads in place.
+
+A LoRA policy can instead be published as its adapter (``lora_rank``: the engine starts with
+vLLM's LoRA support). Each version is a new adapter with its own id, added while the engine
+runs; every later ``generate`` samples through it, and the previous one is removed at once:
+``generate`` returns only when all its requests are done, so nothing still reads it. Until
+the first adapter arrives the engine samples the base model, which is the policy's version 0
+(B = 0, so its adapter adds exactly zero; no zero adapter is written or loaded for it).
+vLLM keys cached prefixes by the adapter's name and folder, both new for each version, so a
+cached prefix is never read through another version's adapter.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
@@ -31,6 +42,20 @@ if TYPE_CHECKING:
     from thundersync_core.rollout.weight_sync import GroupAddress
 
 EXTENSION = "thundersync_core.rollout.vllm_worker.WeightReloadExtension"
+#: Adapters resident at once: the live version's, and the next one's while it is added
+#: (the previous adapter is removed only once its successor has loaded).
+MAX_LORAS = 2
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest of vLLM's LoRA rank sizes (``max_lora_rank``) that holds ``rank``."""
+    from vllm.config.lora import MaxLoRARanks
+
+    sizes = sorted(typing.get_args(MaxLoRARanks))
+    fits = [size for size in sizes if size >= rank]
+    if rank < 1 or not fits:
+        raise ValueError(f"LoRA rank {rank}: vLLM serves adapters of rank 1 to {sizes[-1]}")
+    return fits[0]
 
 
 def vllm_available() -> bool:
@@ -52,8 +77,11 @@ class VLLMEngine:
         max_model_len: int = 4096,
         kv_cache_gib: int = 1,
         seed: int = 0,
+        lora_rank: int | None = None,
         **engine_kwargs: Any,
     ) -> None:
+        """``lora_rank``: start with vLLM's LoRA support for adapters of at most this rank
+        (``load_adapter``); None: full weights only."""
         from vllm import LLM
 
         # vLLM CPU sizes its KV cache from this variable (GiB); its default is larger than
@@ -64,6 +92,13 @@ class VLLMEngine:
         # many full contexts per step is also several times faster for agent batches here.
         engine_kwargs.setdefault("enable_chunked_prefill", False)
         engine_kwargs.setdefault("max_num_batched_tokens", 16 * max_model_len)
+        if lora_rank is not None:
+            engine_kwargs.update(
+                enable_lora=True,
+                max_lora_rank=lora_rank_slot(lora_rank),
+                max_loras=MAX_LORAS,
+                max_cpu_loras=MAX_LORAS,
+            )
         self.llm = LLM(
             model=str(model_dir),
             dtype=dtype,
@@ -78,6 +113,10 @@ class VLLMEngine:
         self.dtype = dtype
         #: Workers of this engine (tensor parallelism): ranks in the publication group.
         self.workers = int(engine_kwargs.get("tensor_parallel_size", 1))
+        self.lora_rank = lora_rank
+        #: The live version's adapter (vLLM's ``LoRARequest``); None: the weights as loaded.
+        self.adapter: Any = None
+        self._adapter_ids = itertools.count(1)
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
@@ -103,7 +142,7 @@ class VLLMEngine:
             for r in requests
         ]
         with _engine_failure("generate"):
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
         return [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
 
     def _result(self, request: GenerationRequest, output: Any) -> GenerationResult:
@@ -117,12 +156,52 @@ class VLLMEngine:
         return GenerationResult(request.request_id, tokens, logprobs, finish, self.policy_version)
 
     def load_weights(self, path: Path, version: int) -> None:
+        """Full weights in place: the whole policy, so no adapter is applied afterwards (vLLM
+        drops every adapter when it reloads the base weights)."""
         with _engine_failure(f"loading weights version {version}"):
             self.llm.collective_rpc("thundersync_load_weights", args=(str(path),))
             # Cached prefix keys/values were computed by the old weights: drop them, or the
             # shared system prompt of every later request is read through the old policy.
             self.llm.reset_prefix_cache()
+        self.adapter = None
         self.policy_version = version
+
+    def load_adapter(self, path: Path, version: int) -> None:
+        """Sample every later request through the LoRA adapter saved in ``path`` (peft's
+        format) on the base weights; the previous version's adapter is removed. A new id
+        each call, so vLLM never serves a cached adapter of the same id."""
+        from vllm.lora.request import LoRARequest
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if self.lora_rank is None:
+            raise ValueError(
+                f"adapter version {version} ({path}): this vLLM engine was started without "
+                "LoRA support (lora_rank); rollout.lora_publication: adapter starts it with"
+            )
+        number = next(self._adapter_ids)
+        request = LoRARequest(f"policy-v{version}-{number}", number, str(path))
+        with _engine_failure(f"loading adapter version {version}"):
+            try:
+                self.llm.llm_engine.add_lora(request)
+            except EngineDeadError:
+                raise
+            except Exception as exc:
+                # vLLM reports a refused adapter (a missing file, too high a rank) as a plain
+                # Exception; the engine survives it and keeps the previous adapter live.
+                raise RuntimeError(
+                    f"the vLLM engine refused adapter version {version} from {path}: {exc}"
+                ) from exc
+            previous, self.adapter = self.adapter, request
+            self._remove_adapter(previous)
+        self.policy_version = version
+
+    def adapter_ids(self) -> list[int]:
+        """The ids of the adapters the engine holds (the live one, once published)."""
+        return sorted(self.llm.llm_engine.list_loras()) if self.lora_rank is not None else []
+
+    def _remove_adapter(self, adapter: Any) -> None:
+        if adapter is not None and not self.llm.llm_engine.remove_lora(adapter.lora_int_id):
+            raise RuntimeError(f"the vLLM engine did not hold adapter {adapter.lora_name}")
 
     def join_weight_group(
         self,
@@ -151,6 +230,7 @@ class VLLMEngine:
         with _engine_failure(f"receiving weights version {version}"):
             reports = self.llm.collective_rpc("thundersync_receive_weights", args=(verify,))
             self.llm.reset_prefix_cache()
+        self.adapter = None  # reloaded base weights: vLLM dropped every adapter
         self.policy_version = version
         return list(reports)
 

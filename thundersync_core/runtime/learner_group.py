@@ -9,6 +9,8 @@ Each ``LearnerRank`` streams its own sources through the single-device learner; 
 ``step`` every rank reaches the barrier, whose reducer sums the unscaled accumulators and
 the normalising scalars over the group (exact: see ``parallel/data_parallel.py``), clips by
 the global norm and takes one optimizer step (``parallel/fsdp.py``: replicated or FSDP2).
+With ``policy.lora`` every rank applies the adapters with the run's seed before its state is
+built, as the one-process learner does, so the ranks and that learner start identical.
 
 Rendezvous: the group asks rank 0 for a free port on its node; when every rank sits on one
 node the address is 127.0.0.1, otherwise rank 0's node IP. The backend is NCCL when the
@@ -42,10 +44,21 @@ from thundersync_core.runtime.placement import Reservation, in_bundle, pin_to_co
 from thundersync_core.streaming.base import LearnerRefusal
 
 if TYPE_CHECKING:
+    from thundersync_core.policy.lora import LoraSettings
     from thundersync_core.rollout.weight_sync import GroupAddress
 
 #: A barrier waits for the slowest rank's queued sources; generous, but finite.
 COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+def lora_settings(config: TrainConfig) -> LoraSettings | None:
+    """The adapters ``policy.lora`` asks for (None: full fine-tuning)."""
+    lora = config.policy.lora
+    if lora is None:
+        return None
+    from thundersync_core.policy.lora import LoraSettings  # noqa: PLC0415
+
+    return LoraSettings(lora.r, lora.alpha, lora.dropout, lora.target_modules)
 
 
 def rank_cores(cores: tuple[int, ...], rank: int, world_size: int) -> tuple[int, ...]:
@@ -103,14 +116,25 @@ class LearnerRank(LearnerWorker):
         )
         self.tokenizer = load_tokenizer(self.model_dir)
         compute_dtype = getattr(torch, self.config.learner_dtype)
+        lora = lora_settings(self.config)
         if self.config.learner_sharding == "fsdp2":
             # Rank 0 reads the weights and the ranks take their shards: no rank holds a
-            # whole float32 copy.
+            # whole float32 copy (with LoRA the frozen base is whole on every rank and only
+            # the adapters' master is sharded).
             self.state = load_sharded_state(
-                self.model_dir, lr=self.config.lr, device=self.device, compute_dtype=compute_dtype
+                self.model_dir,
+                lr=self.config.lr,
+                device=self.device,
+                compute_dtype=compute_dtype,
+                lora=lora,
+                lora_seed=self.config.seed,
             )
         else:
             master = load_model(self.model_dir).to(self.device)  # type: ignore[arg-type]
+            if lora is not None:
+                from thundersync_core.policy.lora import apply_lora  # noqa: PLC0415
+
+                apply_lora(master, lora, seed=self.config.seed)
             self.state = build_train_state(
                 master,
                 sharding="replicated",

@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 import os
 import resource
+import shutil
 import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from thundersync_core.batch import Trajectory, Turn
 from thundersync_core.checkpoint import load_checkpoint, save_checkpoint
@@ -145,6 +147,8 @@ class LearnerWorker:
     def _start_accounting(self) -> None:
         """Publication folder, FLOP ledger, peak FLOP/s and an empty step record."""
         self.publish_dir.mkdir(parents=True, exist_ok=True)
+        #: Adapter publication: the size of the last adapter written (rank 0).
+        self.adapter_bytes: int | None = None
         self.ledger = FlopLedger(sum(p.numel() for p in self.model.parameters()))
         self.peak_flops = self.config.resources.learner_peak_flops or measure_peak_flops(
             device=self.device, dtype=self.config.learner_dtype
@@ -401,6 +405,7 @@ class LearnerWorker:
             "token_versions": self.token_versions,
             **self._peak_memory(),
             "weights": str(path),
+            **self._publication_record(),
         }
 
     def _peak_memory(self) -> dict[str, int]:
@@ -416,12 +421,55 @@ class LearnerWorker:
 
     def _write_weights(self) -> Path:
         version = self.learner.policy_version
+        if self.config.rollout.lora_publication == "adapter":
+            return self._write_adapter(version)
         path = self.publish_dir / f"policy-v{version:06d}.safetensors"
         self._save_weights(path)
         # Keep two versions: an in-flight update may still be reading the previous one.
         for old in sorted(self.publish_dir.glob("policy-v*.safetensors"))[:-2]:
             old.unlink(missing_ok=True)
         return path
+
+    def _write_adapter(self, version: int) -> Path:
+        """The policy's LoRA adapter in peft's format, a folder per version, written by rank
+        0 (the adapters are whole on every rank: no collective); the last two are kept, as
+        weight files are. Its size is the step record's ``publication_bytes``."""
+        from thundersync_core.policy.lora import adapter_settings, save_adapter  # noqa: PLC0415
+
+        folder = self.publish_dir / f"adapter-v{version:06d}"
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            model = self._adapter_model()
+            settings = adapter_settings(model)
+            assert settings is not None  # _adapter_model returns a model with adapters
+            save_adapter(model, settings, folder)
+            self.adapter_bytes = sum(f.stat().st_size for f in folder.iterdir())
+        for old in sorted(self.publish_dir.glob("adapter-v*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        return folder
+
+    def _adapter_model(self) -> torch.nn.Module:
+        """The model carrying the policy's float32 adapters: the master where it is one whole
+        model, else the compute replica (which a sharded master refreshes in float32)."""
+        from thundersync_core.policy.lora import adapter_settings  # noqa: PLC0415
+
+        for model in (self.state.checkpoint_module(), self.model):
+            adapters = [p for n, p in model.named_parameters() if ".lora_" in n]
+            if adapter_settings(model) is not None and adapters:
+                if any(p.dtype != torch.float32 for p in adapters):
+                    raise ValueError(
+                        "rollout.lora_publication: adapter: the learner's adapters are not "
+                        "float32 where they are whole (use lora_publication: merged)"
+                    )
+                return model
+        raise ValueError(
+            "rollout.lora_publication: adapter: the learner's policy carries no LoRA "
+            "adapters (policy.lora)"
+        )
+
+    def _publication_record(self) -> dict[str, int]:
+        """Adapter publication: the bytes of the adapter just written (rank 0)."""
+        written = self.adapter_bytes
+        return {"publication_bytes": written} if written is not None else {}
 
     def weights_and_version(self) -> tuple[str, int]:
         """The current weights written for publication, and their version; refused between

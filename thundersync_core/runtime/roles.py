@@ -88,6 +88,7 @@ def start_rollout(
         policy_version=policy_version,
         resources=res,
         placement=reservation if several else None,
+        lora_rank=config.policy.lora.r if config.policy.lora is not None else None,
     )
 
 
@@ -170,7 +171,9 @@ def start_roles(
     if checkpoint is not None:
         state = json.loads((checkpoint / "state.json").read_text())
         print(f"[resume] from {checkpoint} (step {state['step']})", flush=True)
-    engine_dir = checkpoint / "model" if checkpoint is not None else policy_dir
+    # Adapter publication: the engines serve the base weights, the adapter comes on top.
+    adapters = config.rollout.lora_publication == "adapter"
+    engine_dir = checkpoint / "model" if checkpoint is not None and not adapters else policy_dir
     reserved = reserve_roles(config, teacher=teacher_dir is not None)
     roles = Roles(None, None, None, reservations=list(reserved.values()))
     try:
@@ -197,7 +200,9 @@ def start_roles(
         )
         if config.rollout.publication == "collective":
             join_publication_group(config, roles.learner, roles.rollout)
-        if checkpoint is not None and state.get("export_dtype", "float32") != "float32":
+        if checkpoint is not None and (
+            adapters or state.get("export_dtype", "float32") != "float32"
+        ):
             give_engines_the_master(config, roles.learner, roles.rollout)
     except BaseException:
         stop_roles(roles)
@@ -257,8 +262,8 @@ def join_publication_group(config: TrainConfig, learner: Any, rollout: Any) -> i
 
 def give_engines_the_master(config: TrainConfig, learner: Any, rollout: Any) -> None:
     """Load the learner's float32 weights into the engines, which started from a checkpoint's
-    lower-precision export (a resume): the first step then samples what an uninterrupted
-    run samples."""
+    lower-precision export, or (adapter publication) from the base weights (a resume): the
+    first step then samples what an uninterrupted run samples."""
     import ray  # noqa: PLC0415
 
     from thundersync_core.schedules.base import publish_weights  # noqa: PLC0415

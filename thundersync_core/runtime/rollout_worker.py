@@ -11,6 +11,10 @@ must be sampled by one version never sees two. ``publish`` queues them and the a
 them before its next generation round, mid-trajectory (pipeline's in-flight updates); the
 actor runs with two threads so ``publish`` lands while ``rollout`` is streaming. ``settle``
 applies a queued publication with no rollout under way (before an evaluation).
+
+With ``rollout.lora_publication: adapter`` a publication is a LoRA adapter's folder, not a
+weight file: the vLLM engines start with LoRA support for adapters of rank ``lora_rank``
+and switch to each version's adapter (``load_adapter``) where they would load weights.
 """
 
 from __future__ import annotations
@@ -58,20 +62,29 @@ class RolloutWorker:
         policy_version: int = 0,
         resources: RolloutResources | None = None,
         placement: Reservation | None = None,
+        lora_rank: int | None = None,
     ) -> None:
         pin_to_cores(cores)
         check_cores(config.grader_cores, "rollout.grader_cores")
         from thundersync_core.policy.io import load_tokenizer  # noqa: PLC0415
-        from thundersync_core.rollout.cli import make_engine  # noqa: PLC0415
+        from thundersync_core.rollout.engine_pool import (  # noqa: PLC0415
+            make_rollout_engine,
+            start_engines,
+        )
         from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox  # noqa: PLC0415
         from thundersync_core.rollout.tasks import load_terminal_task  # noqa: PLC0415
 
+        self.adapters = config.lora_publication == "adapter"
+        if self.adapters and lora_rank is None:
+            raise ValueError(
+                "rollout.lora_publication: adapter: the rollout role needs the policy's LoRA "
+                "rank (policy.lora.r) to start its engines with LoRA support"
+            )
+        engine_rank = lora_rank if self.adapters else None
         self.tasks = {tid: load_terminal_task(Path(root)) for tid, root in task_roots.items()}
         res = resources or RolloutResources()
         self.engine: Any
         if res.engines > 1:
-            from thundersync_core.rollout.engine_pool import start_engines  # noqa: PLC0415
-
             self.engine = start_engines(
                 config.engine,
                 Path(model_dir),
@@ -83,13 +96,15 @@ class RolloutWorker:
                 max_model_len=config.max_model_len,
                 policy_version=policy_version,
                 placement=placement,
+                lora_rank=engine_rank,
             )
         else:
-            self.engine = make_engine(
+            self.engine = make_rollout_engine(
                 config.engine,
                 Path(model_dir),
                 max_model_len=config.max_model_len,
                 tensor_parallel_size=res.tensor_parallel_size,
+                lora_rank=engine_rank,
             )
             self.engine.policy_version = policy_version
         tokenizer = load_tokenizer(model_dir)
@@ -125,8 +140,9 @@ class RolloutWorker:
 
     # -- weights ---------------------------------------------------------------------------
     def load_weights(self, path: str, version: int) -> float:
-        """Swap weights now; returns when the engine has them. Refused while a rollout is
-        under way: weights reach episodes in flight only through ``publish``."""
+        """Swap weights (with adapter publication: the adapter in the folder ``path``) now;
+        returns when the engine has them. Refused while a rollout is under way: weights
+        reach episodes in flight only through ``publish``."""
         with self._lock:
             if self._rollouts:
                 raise LearnerRefusal(
@@ -195,7 +211,10 @@ class RolloutWorker:
 
     def _swap(self, path: Path, version: int) -> None:
         t0 = time.time()
-        self.engine.load_weights(path, version)
+        if self.adapters:
+            self.engine.load_adapter(path, version)
+        else:
+            self.engine.load_weights(path, version)
         self.weight_swaps.append((version, t0, time.time()))
 
     def pid(self) -> int:

@@ -178,8 +178,10 @@ def publish_weights(
     config: TrainConfig, learner: Any, rollout: Any, version: int, weights: str
 ) -> tuple[float, int | None]:
     """The learner's current weights into every engine, by the configured publication (a
-    broadcast, checked when ``verify_publication``; or the file ``weights``); returns the
-    time the engines had them and the bytes broadcast (None for a file)."""
+    broadcast, checked when ``verify_publication``; or the file ``weights``, with
+    ``lora_publication: adapter`` the adapter's folder); returns the time the engines had
+    them and the bytes broadcast (None for a file or folder: an adapter's size is in the
+    learner's step record)."""
     import ray  # noqa: PLC0415
 
     if config.rollout.publication == "collective":
