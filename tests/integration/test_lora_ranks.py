@@ -60,7 +60,7 @@ from thundersync_core.policy.lora import LoraSettings, apply_lora
 from thundersync_core.runtime.learner_group import LearnerGroup
 from thundersync_core.runtime.learner_worker import LearnerWorker
 from thundersync_core.runtime.placement import remote_role
-from thundersync_core.streaming import StreamingGRPOLearner, groups_of
+from thundersync_core.streaming import StreamingGRPOLearner, StreamingOPDLearner, groups_of
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,8 @@ SETTINGS = LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj", "down_
 INIT_B_STD = 0.05
 UPDATE_CASES = [f"update:{s}:{d}" for s in ("replicated", "fsdp2") for d in DTYPES]
 CHECKPOINT_CASES = ["checkpoint:replicated:fp32", "checkpoint:fsdp2:bf16"]
-CASES = [*UPDATE_CASES, *CHECKPOINT_CASES, "load:bf16", "sharded:fp32"]
+OPD_CASES = ["opd:replicated", "opd:fsdp2"]
+CASES = [*UPDATE_CASES, *CHECKPOINT_CASES, "load:bf16", "sharded:fp32", *OPD_CASES]
 
 
 def lora_model(base_seed: int = 3, lora_seed: int = 5) -> torch.nn.Module:
@@ -213,6 +214,20 @@ def sharded_case() -> dict[str, Any]:
     return result
 
 
+def opd_case(sharding: Sharding) -> dict[str, Any]:
+    """One streamed OPD step (turns arriving interleaved, groups routed over the ranks) on
+    the adapters, float32."""
+    state = build_train_state(lora_model(), sharding=sharding, lr=dp_workers.LR)
+    batch = dp_workers.opd_batch()
+    learner = StreamingOPDLearner(state.model)
+    dp_workers.stream_rank(learner, batch, dp_workers.arrivals("opd", batch, 2))
+    result = learner.finish()
+    grads = {k: v.clone() for k, v in result.grad_objective.items()}
+    state.clip(dp_workers.MAX_GRAD_NORM, result.grad_objective, -1.0)
+    state.apply()
+    return {"grads": grads, "objective": result.objective, "after": params_of(state)}
+
+
 def rank_main(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
@@ -228,6 +243,8 @@ def rank_main(rank: int, port: int, out_dir: str) -> None:
                 result = checkpoint_case(cast(Sharding, args[0]), DTYPES[args[1]], out)
             elif kind == "load":
                 result = load_case(out, DTYPES[args[0]])
+            elif kind == "opd":
+                result = opd_case(cast(Sharding, args[0]))
             else:
                 result = sharded_case()
             torch.save(result, out / f"{case.replace(':', '_')}-rank{rank}.pt")
@@ -606,3 +623,38 @@ def test_lora_learner_group_takes_the_one_process_step(ray_session, micro_model_
     assert load_file(got["weights"]).keys() == load_file(expected["weights"]).keys()
     adapter = Path(path) / "adapter" / "adapter_config.json"
     assert adapter.is_file()
+
+
+def reference_grad_l(model: torch.nn.Module, batch: list[Trajectory]) -> dict[str, torch.Tensor]:
+    """grad L over the adapters: L = (1/N) sum_t sg(log pi_t - q_t) log pi_t over the N
+    scored tokens of the batch, full forwards, one backward."""
+    total = torch.zeros((), dtype=torch.float32)
+    n_tokens = 0
+    for traj in batch:
+        tokens = list(traj.prompt_ids) + [i for s in traj.segments for i in s.ids]
+        scored = [False] * len(traj.prompt_ids) + [b for s in traj.segments for b in s.scored]
+        logp = torch.log_softmax(model(input_ids=torch.tensor([tokens])).logits[0].float(), -1)
+        student = [logp[pos - 1, tokens[pos]] for pos in range(1, len(tokens)) if scored[pos]]
+        assert traj.teacher_logprobs is not None
+        for lp, q in zip(student, traj.teacher_logprobs, strict=True):
+            total = total + (lp.detach() - q) * lp
+        n_tokens += len(student)
+    params = dict(trainable_parameters(model))
+    grads = torch.autograd.grad(total / n_tokens, list(params.values()))
+    return dict(zip(params, grads, strict=True))
+
+
+def test_streamed_opd_on_ranks_takes_the_reference_adapter_gradient(ranks):
+    """OPD's turns stream over two ranks (replicated and fsdp2): the reduced adapter gradient
+    is the one-backward reference's, and both ranks take one update."""
+    results, _ = ranks
+    reference = reference_grad_l(lora_model(), dp_workers.opd_batch())
+    start = {n: p.detach() for n, p in lora_model().named_parameters()}
+    for case in OPD_CASES:
+        rank0, rank1 = results[case]
+        assert rank0["grads"].keys() == reference.keys()
+        for part, error in by_part(reference, rank0["grads"]).items():
+            assert error <= TOLERANCE, (case, part, error)
+        for name, value in rank0["after"].items():
+            assert torch.equal(value, rank1["after"][name]), (case, name)
+            assert torch.equal(value, start[name]) == (".lora_" not in name), (case, name)
