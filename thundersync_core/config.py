@@ -195,6 +195,15 @@ class RolloutConfig(_Strict):
     #: Episodes in flight at once (0: the whole batch). Fewer makes rollout waves: a
     #: finished episode's slot goes to a waiting one, so rewards land throughout the stage.
     max_live_episodes: int = Field(default=0, ge=0)
+    #: ``rounds``: every live episode's next action in one ``generate`` call, then their
+    #: commands, in turns; ``overlapped``: commands run while the engine generates for the
+    #: episodes whose observations are back, each call taking those ready then. Overlapped
+    #: batches depend on timing, and an engine's numerics on its batch, so two runs of one
+    #: policy may sample otherwise: ``rounds`` keeps sync and thundersync on the same tokens.
+    agent_loop: Literal["rounds", "overlapped"] = "rounds"
+    #: Threads running sandbox set-ups and commands, and as many for graders (each holds a
+    #: sandbox's process while it runs); size it to the episodes in flight.
+    sandbox_workers: int = Field(default=8, ge=1, le=1024)
     #: CPU cores the graders run on (their threads, and the verifier processes those
     #: start); empty: the rollout role's cores. On a small machine the learner's core is
     #: idle while sync rolls out, and grading is the rollout's most separable CPU work.

@@ -62,13 +62,14 @@ class ScriptedPolicy:
         pass
 
 
-def run_agent(engine, tokenizer, specs, **config):
+def run_agent(engine, tokenizer, specs, loop="rounds", **config):
     limits = SandboxLimits(timeout_s=10)
     agent = Agent(
         engine,
         tokenizer,
         lambda: open_sandbox("local", limits=limits),
         config=AgentConfig(**config),
+        loop=loop,
     )
     try:
         return agent.run(specs)

@@ -11,8 +11,16 @@ head and tail around an elision marker.
 The conversation format (prompt, the template's glue around observations, stop tokens, bash
 blocks or native tool calls, thinking) is the checkpoint's own: see ``chat.py``.
 
-Episodes run concurrently: each round sends every live trajectory's next request to the
-engine in one batched ``generate`` call, then runs their commands in parallel sandboxes.
+Episodes run concurrently, in one of two loops. ``rounds`` (the default): each round sends
+every live trajectory's next request to the engine in one batched ``generate`` call, then
+runs their commands in parallel sandboxes; the next round starts when every command of this
+one has returned, so the engine and the sandboxes take turns. ``overlapped``: an episode's
+command runs in the sandbox pool while the engine generates for the others; each
+``generate`` call takes every episode whose observation has come back (or that has just
+been set up) since the last call, so generation and tool execution overlap. Seeds are per
+request in both, but which requests share a batch then depends on timing, and an engine
+whose numerics depend on the batch may sample otherwise: ``rounds`` keeps two runs of the
+same policy on the same tokens (sync and thundersync compared step by step).
 ``stream`` yields events as they happen: a ``TurnReady`` after each action (with the
 trajectory so far, for a teacher to score) and each graded ``Trajectory`` as soon as its
 grader returns, while the other episodes keep going; grading overlaps the next rounds.
@@ -30,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from thundersync_core.batch import Segment, Trajectory, Turn
 from thundersync_core.rollout.chat import (
@@ -144,6 +152,50 @@ class _Live:
         self.events.append({"event": kind, "time": time.time(), **info})
 
 
+#: How episodes share the engine and the sandboxes (see the module's docstring).
+AgentLoop = Literal["rounds", "overlapped"]
+
+
+@dataclass
+class _Overlap:
+    """The overlapped loop's episodes by where they are."""
+
+    starting: set[Future[_Live]] = field(default_factory=set)
+    ready: list[_Live] = field(default_factory=list)  # waiting for their next action
+    running: dict[Future[str | None], tuple[_Live, tuple[int, ...]]] = field(
+        default_factory=dict
+    )  # commands under way, with the reply that wrote them
+    grading: set[Future[Trajectory]] = field(default_factory=set)
+    live: list[_Live] = field(default_factory=list)  # set up, not yet handed to a grader
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.starting or self.ready or self.running or self.grading)
+
+    @property
+    def live_count(self) -> int:
+        """Episodes counted against ``max_live``: starting, ready or executing."""
+        return len(self.starting) + len(self.ready) + len(self.running)
+
+    def futures(self) -> set[Future[Any]]:
+        return self.starting | set(self.running) | self.grading
+
+    def abandon(self) -> None:
+        """A stream left early: cancel what has not started, close every sandbox (a set-up
+        under way closes its own once made)."""
+        for future in self.futures():
+            future.cancel()
+        for future in self.starting:
+            future.add_done_callback(_close_started)
+        for episode in self.live:
+            episode.sandbox.close()
+
+
+def _close_started(future: Future[_Live]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().sandbox.close()
+
+
 def _admitted(
     pending: deque[EpisodeSpec], room: int | None, admit: Callable[[EpisodeSpec], bool] | None
 ) -> list[EpisodeSpec]:
@@ -192,6 +244,7 @@ class Agent:
         max_workers: int = 8,
         grader_cores: Sequence[int] = (),
         chat: ChatFormat | None = None,
+        loop: AgentLoop = "rounds",
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -206,6 +259,9 @@ class Agent:
         )
         self.sampling = sampling or SamplingConfig(stop_token_ids=self.chat.stop_token_ids)
         self.base_seed = base_seed
+        if loop not in ("rounds", "overlapped"):
+            raise ValueError(f"agent loop must be 'rounds' or 'overlapped', got {loop!r}")
+        self.loop = loop
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sandbox")
         # Graders get their own threads: a finished trajectory's reward must not wait
         # behind the next round's commands (its release time is when the reward lands).
@@ -233,6 +289,9 @@ class Agent:
         returns True for it (a staleness bound holds rollouts back this way).
         ``before_round`` runs before every generation round (in-flight weight swaps).
         """
+        if self.loop == "overlapped":
+            yield from self._stream_overlapped(specs, max_live, admit, before_round)
+            return
         pending = deque(specs)
         live: list[_Live] = []
         grading: set[Future[Trajectory]] = set()
@@ -268,6 +327,77 @@ class Agent:
             for future in grading:
                 future.cancel()
 
+    def _stream_overlapped(
+        self,
+        specs: Iterable[EpisodeSpec],
+        max_live: int | None,
+        admit: Callable[[EpisodeSpec], bool] | None,
+        before_round: Callable[[], None] | None,
+    ) -> Iterator[Trajectory | TurnReady]:
+        """``stream`` with generation and tool execution overlapped: set-ups and commands
+        run in the sandbox pool as futures, and each ``generate`` call takes the episodes
+        that are ready for their next action at that moment."""
+        pending = deque(specs)
+        state = _Overlap()
+        try:
+            while pending or state.busy:
+                room = max_live - state.live_count if max_live else None
+                for spec in _admitted(pending, room, admit):
+                    state.starting.add(self.pool.submit(self._start, spec))
+                if state.ready:
+                    if before_round is not None:
+                        before_round()
+                    asking, state.ready = state.ready, []
+                    commands = self._generate(asking)
+                    for episode, action, reply in commands:
+                        future = self.pool.submit(self._execute, episode, action)
+                        state.running[future] = (episode, reply)
+                    asked = {id(episode) for episode, _, _ in commands}
+                    for episode in asking:  # ended by a limit before it could ask
+                        if id(episode) not in asked:
+                            self._grade(state, episode)
+                waiting = state.futures()
+                if not waiting:
+                    if pending:  # ``admit`` holds the next spec back
+                        time.sleep(0.01)
+                    continue
+                finished, _ = wait(waiting, 0.05 if pending else None, FIRST_COMPLETED)
+                for future in finished:
+                    yield from self._settle(state, future)
+        finally:
+            self._in_flight.clear()
+            state.abandon()
+
+    def _settle(self, state: _Overlap, future: Future[Any]) -> list[Trajectory | TurnReady]:
+        """A finished future of the overlapped loop: a set-up makes its episode ready; an
+        executed action completes its turn (handed out, as in a round, once its observation
+        is in and it is known whether the episode ends) and the episode is ready again or
+        sent to a grader; a grade is handed out."""
+        if future in state.starting:
+            state.starting.remove(future)
+            episode: _Live = future.result()
+            self._in_flight[episode.spec.trajectory_id] = episode
+            state.live.append(episode)
+            state.ready.append(episode)
+            return []
+        if future in state.running:
+            episode, reply = state.running.pop(future)
+            self._observe(episode, future.result(), reply)
+            turns: list[Trajectory | TurnReady] = list(self._take_turns([episode]))
+            if episode.finish_reason is None:
+                state.ready.append(episode)
+            else:
+                self._grade(state, episode)
+            return turns
+        state.grading.remove(future)
+        trajectory: Trajectory = future.result()
+        self._in_flight.pop(trajectory.trajectory_id, None)
+        return [trajectory]
+
+    def _grade(self, state: _Overlap, episode: _Live) -> None:
+        state.live.remove(episode)
+        state.grading.add(self.graders.submit(self._finish_and_close, episode))
+
     def in_flight_events(self) -> list[list[dict[str, Any]]]:
         """The event lists so far of the episodes under way (started, not yet handed out):
         what the rollout is doing now, for a step that closes while they run."""
@@ -299,6 +429,14 @@ class Agent:
         return episode
 
     def _round(self, active: list[_Live]) -> None:
+        commands = self._generate(active)
+        observations = list(self.pool.map(lambda c: self._execute(c[0], c[1]), commands))
+        for (episode, _, reply), observation in zip(commands, observations, strict=True):
+            self._observe(episode, observation, reply)
+
+    def _generate(self, active: list[_Live]) -> list[tuple[_Live, Action, tuple[int, ...]]]:
+        """One batched ``generate`` call for the episodes' next actions; each reply becomes
+        an action segment and a new turn. Returns (episode, parsed action, reply ids)."""
         requests, asking = [], []
         for episode in active:
             budget = self._turn_budget(episode)
@@ -318,7 +456,7 @@ class Agent:
                 )
                 asking.append(episode)
                 episode.mark("generate_start", turn=turn)
-        results = self.engine.generate(requests, self.sampling)
+        results = self.engine.generate(requests, self.sampling) if requests else []
         commands = []
         for episode, result in zip(asking, results, strict=True):
             episode.mark(
@@ -341,18 +479,19 @@ class Agent:
             )
             episode.turn_versions.append(result.policy_version)
             episode.action_tokens += len(result.token_ids)
-            commands.append((episode, self.chat.parse(result.token_ids), result.token_ids))
-        observations = list(self.pool.map(lambda c: self._execute(c[0], c[1]), commands))
-        for (episode, _, reply), observation in zip(commands, observations, strict=True):
-            if observation is not None:
-                self._append_observation(episode, observation, reply)
-            if (
-                episode.finish_reason is None
-                and len(episode.turn_versions) >= self.config.max_turns
-            ):
-                episode.finish_reason = "max_turns"
-            if episode.finish_reason is None:
-                self._turn_budget(episode)  # sets the finish reason when no budget is left
+            reply = tuple(result.token_ids)
+            commands.append((episode, self.chat.parse(result.token_ids), reply))
+        return commands
+
+    def _observe(self, episode: _Live, observation: str | None, reply: Sequence[int]) -> None:
+        """An executed action's observation into the episode; sets its finish reason when
+        a limit ends it."""
+        if observation is not None:
+            self._append_observation(episode, observation, reply)
+        if episode.finish_reason is None and len(episode.turn_versions) >= self.config.max_turns:
+            episode.finish_reason = "max_turns"
+        if episode.finish_reason is None:
+            self._turn_budget(episode)  # sets the finish reason when no budget is left
 
     def _turn_budget(self, episode: _Live) -> int:
         """Tokens the next action may use; 0 (with a finish reason set) when none are left."""

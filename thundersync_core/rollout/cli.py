@@ -31,6 +31,15 @@ def add_parser(sub: Any) -> None:
         "--enable-thinking", default=None, choices=["true", "false"],
         help="a thinking template's switch (default: the template's own)",
     )  # fmt: skip
+    p.add_argument(
+        "--agent-loop", default="rounds", choices=["rounds", "overlapped"],
+        help="rounds: generate for every episode, then run their commands; overlapped: "
+        "commands run while the engine generates for the episodes ready",
+    )  # fmt: skip
+    p.add_argument(
+        "--sandbox-workers", default=8, type=int,
+        help="threads running sandbox commands (and as many for graders)",
+    )  # fmt: skip
 
 
 def make_engine(
@@ -66,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
+    if args.sandbox_workers < 1:
+        raise ValueError(f"--sandbox-workers must be >= 1, got {args.sandbox_workers}")
     tasks = load_terminal_tasks(args.tasks)
     if args.limit:
         tasks = tasks[: args.limit]
@@ -84,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         sampling=sampling_config(rollout, chat.stop_token_ids),
         base_seed=args.seed,
         chat=chat,
+        max_workers=args.sandbox_workers,
+        loop=args.agent_loop,
     )
     specs = [
         EpisodeSpec(task, group_id=task.task_id, trajectory_id=f"{task.task_id}/{i}")

@@ -131,6 +131,8 @@ class RolloutWorker:
             chat=chat,
             base_seed=seed,
             grader_cores=config.grader_cores,
+            max_workers=config.sandbox_workers,
+            loop=config.agent_loop,
         )
         self._pending: tuple[Path, int] | None = None
         self._engine_pids = self.engine_pids()
