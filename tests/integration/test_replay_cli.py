@@ -46,6 +46,10 @@ def test_replay_sync_and_stream_agree_in_fp64(micro_model_dir, batch_file, tmp_p
     runs = [("sync", 0, 0, "arrival", "trajectory"), ("stream", 1, 0, "arrival", "trajectory"),
             ("stream", 2, 0, "arrival", "group"), ("stream", 3, 4096, "arrival", "trajectory"),
             ("stream", 4, 64, "fixed", "trajectory")]  # fmt: skip
+    if loss_agg == "token-mean":
+        # Release rules, packs and orders under token-mean: tests/unit/test_grpo_packed.py
+        # and test_grpo_exactness.py, in process; here the CLI's sync and stream agree.
+        runs = runs[:2]
     for schedule, seed, pack, order, release in runs:
         out = tmp_path / f"{schedule}-{seed}"
         done = thundersync(
@@ -61,8 +65,15 @@ def test_replay_sync_and_stream_agree_in_fp64(micro_model_dir, batch_file, tmp_p
         assert summary["wall_s"] > 0
         outs[(schedule, seed)] = out
     sync = outs[("sync", 0)] / "gradient.safetensors"
-    for key in [("stream", 1), ("stream", 2), ("stream", 3), ("stream", 4)]:
+    for key in [k for k in outs if k[0] == "stream"]:
         assert compare_gradients(sync, outs[key] / "gradient.safetensors") <= 1e-10
+    model = load_model(micro_model_dir, dtype=torch.float64)
+    objective, ref = reference_grad_j(model, batch, loss_agg)
+    assert rel_diff(ref, load_file(str(sync))) <= 1e-10
+    summary = json.loads((outs[("stream", 1)] / "summary.json").read_text())
+    assert summary["objective"] == pytest.approx(objective, rel=1e-10)
+    if loss_agg == "token-mean":
+        return
     # Released per closed group: no per-trajectory backward ran before its group was whole.
     grouped = json.loads((outs[("stream", 2)] / "summary.json").read_text())
     assert grouped["release"] == "group"
@@ -74,12 +85,6 @@ def test_replay_sync_and_stream_agree_in_fp64(micro_model_dir, batch_file, tmp_p
     # Every trajectory ran in a pack (none one at a time), a group at a time.
     assert fixed["counters"]["packed_trajectories"] == 12
     assert fixed["counters"]["trajectory_backwards"] == 0
-
-    model = load_model(micro_model_dir, dtype=torch.float64)
-    objective, ref = reference_grad_j(model, batch, loss_agg)
-    assert rel_diff(ref, load_file(str(sync))) <= 1e-10
-    summary = json.loads((outs[("stream", 1)] / "summary.json").read_text())
-    assert summary["objective"] == pytest.approx(objective, rel=1e-10)
 
 
 def test_malformed_batch_writes_nothing(micro_model_dir, batch_file, tmp_path):
