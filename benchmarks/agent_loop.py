@@ -1,14 +1,17 @@
-"""The agent's two loops on one rollout core: rounds against overlapped, same episodes.
+"""The agent's loops on one rollout core: rounds against overlapped, same episodes.
 
 The embedded training step's rollout stage (``configs/train_embedded.yaml``: 16 groups of
 8 from the prepared train pool, at most 32 episodes in flight, 3 turns of up to 64 tokens,
-vLLM CPU, bubblewrap sandboxes, graders beside them) run by ``Agent.stream`` with
-``loop="rounds"`` and ``loop="overlapped"``, alternating, ``--repeats`` times each on the
-same specs and seeds, everything pinned to ``--cores`` (the rollout role's core in the
-embedded layout). Printed per loop: the stage's wall time (first set-up to last reward),
-the engine's busy time and calls, the mean batch per call, the mean reward; then the wall
-ratio rounds / overlapped. Needs the embedded pools and warm start (``make demo`` builds
-and caches both under ``runs/``).
+vLLM CPU, bubblewrap sandboxes, graders beside them) run by ``Agent.stream`` three ways,
+alternating, ``--repeats`` times each on the same specs and seeds, everything pinned to
+``--cores`` (the rollout role's core in the embedded layout): ``rounds``; ``overlapped,
+batch calls`` (the engine's blocking batched call for the episodes ready, as for an engine
+without continuous batching); ``overlapped, continuous`` (each request added to vLLM's
+running batch the moment its episode is ready, results collected step by step). Printed
+per loop: the stage's wall time (first set-up to last reward), the engine's busy time
+(calls, or steps), the mean batch per call or step, the mean reward; then the wall ratios
+against rounds. Needs the embedded pools and warm start (``make demo`` builds and caches
+both under ``runs/``).
 
     python benchmarks/agent_loop.py [--repeats 3] [--out docs/bench/agent_loop.json]
 """
@@ -46,7 +49,7 @@ def _cached(pattern: str, what: str) -> Path:
 
 
 class TimedEngine:
-    """The engine, its ``generate`` calls timed."""
+    """The engine, its ``generate`` calls timed (a call: its requests and seconds)."""
 
     def __init__(self, engine: VLLMEngine) -> None:
         self.engine = engine
@@ -61,6 +64,24 @@ class TimedEngine:
         out = self.engine.generate(requests, sampling)
         self.calls.append((len(requests), time.perf_counter() - start))
         return out
+
+
+class TimedSteppingEngine(TimedEngine):
+    """The engine taking requests into its running batch; each step is timed as a call of
+    the requests in the engine then."""
+
+    def submit(self, request: Any, sampling: Any) -> None:
+        self.engine.submit(request, sampling)
+
+    def collect(self) -> Any:
+        running = self.engine.unfinished
+        start = time.perf_counter()
+        out = self.engine.collect()
+        self.calls.append((running, time.perf_counter() - start))
+        return out
+
+    def cancel(self) -> None:
+        self.engine.cancel()
 
 
 def run_once(agent: Agent, engine: TimedEngine, specs: list[EpisodeSpec], max_live: int) -> dict:
@@ -101,7 +122,12 @@ def main() -> None:
         for s in plan_step(config, list(pool), 0)
     ]
     tokenizer = load_tokenizer(policy)
-    engine = TimedEngine(VLLMEngine(policy, max_model_len=rollout.max_model_len))
+    vllm = VLLMEngine(policy, max_model_len=rollout.max_model_len)
+    engines = {
+        "rounds": TimedEngine(vllm),
+        "overlapped, batch calls": TimedEngine(vllm),
+        "overlapped, continuous": TimedSteppingEngine(vllm),
+    }
     chat = chat_format(tokenizer, policy, rollout)  # type: ignore[arg-type]
     agent_config = AgentConfig(
         max_turns=rollout.max_turns,
@@ -113,7 +139,7 @@ def main() -> None:
     )
     limits = SandboxLimits(timeout_s=rollout.command_timeout_s)
     agents = {
-        loop: Agent(
+        name: Agent(
             engine,  # type: ignore[arg-type]
             tokenizer,  # type: ignore[arg-type]
             lambda: open_sandbox("local", limits=limits),
@@ -122,37 +148,41 @@ def main() -> None:
             chat=chat,
             base_seed=config.seed,
             max_workers=rollout.sandbox_workers,
-            loop=loop,
+            loop="rounds" if name == "rounds" else "overlapped",
         )
-        for loop in ("rounds", "overlapped")
+        for name, engine in engines.items()
     }
     max_live = rollout.max_live_episodes or len(specs)
     runs: dict[str, list[dict]] = {loop: [] for loop in agents}
     try:
-        run_once(agents["rounds"], engine, specs[:16], max_live)  # warm the engine up
+        run_once(agents["rounds"], engines["rounds"], specs[:16], max_live)  # warm-up
         for repeat in range(args.repeats):
             for loop, agent in agents.items():
-                result = run_once(agent, engine, specs, max_live)
+                result = run_once(agent, engines[loop], specs, max_live)
                 runs[loop].append(result)
                 print(
-                    f"[{repeat}] {loop:10s} wall {result['wall_s']:6.2f} s, engine busy "
+                    f"[{repeat}] {loop:24s} wall {result['wall_s']:6.2f} s, engine busy "
                     f"{result['generate_busy_s']:6.2f} s in {result['generate_calls']} calls "
-                    f"(mean batch {result['mean_batch']:.1f}), reward {result['reward_mean']:.3f}",
+                    f"or steps (mean batch {result['mean_batch']:.1f}), "
+                    f"reward {result['reward_mean']:.3f}",
                     flush=True,
                 )
     finally:
         for agent in agents.values():
             agent.close()
-        engine.engine.close()
+        vllm.close()
     summary = {
         loop: {key: statistics.median(r[key] for r in results) for key in results[0]}
         for loop, results in runs.items()
     }
-    ratio = summary["rounds"]["wall_s"] / summary["overlapped"]["wall_s"]
-    rounds, overlapped = summary["rounds"]["wall_s"], summary["overlapped"]["wall_s"]
+    rounds = summary["rounds"]["wall_s"]
+    ratios = {loop: rounds / summary[loop]["wall_s"] for loop in summary if loop != "rounds"}
     print(
-        f"median wall: rounds {rounds:.2f} s, overlapped {overlapped:.2f} s: "
-        f"rounds / overlapped = {ratio:.2f}"
+        f"median wall: rounds {rounds:.2f} s; "
+        + "; ".join(
+            f"{loop} {summary[loop]['wall_s']:.2f} s (rounds / it = {r:.2f})"
+            for loop, r in ratios.items()
+        )
     )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +195,7 @@ def main() -> None:
                     "cores": args.cores,
                     "runs": runs,
                     "median": summary,
-                    "rounds_over_overlapped": ratio,
+                    "rounds_over": ratios,
                 },
                 indent=1,
             )

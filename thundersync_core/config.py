@@ -196,10 +196,13 @@ class RolloutConfig(_Strict):
     #: finished episode's slot goes to a waiting one, so rewards land throughout the stage.
     max_live_episodes: int = Field(default=0, ge=0)
     #: ``rounds``: every live episode's next action in one ``generate`` call, then their
-    #: commands, in turns; ``overlapped``: commands run while the engine generates for the
-    #: episodes whose observations are back, each call taking those ready then. Overlapped
-    #: batches depend on timing, and an engine's numerics on its batch, so two runs of one
-    #: policy may sample otherwise: ``rounds`` keeps sync and thundersync on the same tokens.
+    #: commands, in turns; ``overlapped``: commands run while the engine generates, each
+    #: request joining vLLM's running batch as soon as its episode is ready (several engines
+    #: or the transformers engine: one call for the episodes ready then). Overlapped
+    #: batches depend on timing, and an engine's numerics may depend on its batch, so two
+    #: runs of one policy may sample otherwise: ``rounds`` keeps sync and thundersync on
+    #: the same tokens. New weights reach a one-engine overlapped rollout only while no
+    #: request is in the engine.
     agent_loop: Literal["rounds", "overlapped"] = "rounds"
     #: Threads running sandbox set-ups and commands, and as many for graders (each holds a
     #: sandbox's process while it runs); size it to the episodes in flight.

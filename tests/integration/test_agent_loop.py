@@ -23,6 +23,7 @@ from tests.integration.test_agent import (
 )
 from thundersync_core.policy import load_tokenizer
 from thundersync_core.rollout.agent import Agent, AgentConfig, EpisodeSpec, TurnReady
+from thundersync_core.rollout.engine import GenerationRequest, SamplingConfig
 from thundersync_core.rollout.grading import GraderError
 from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox
 from thundersync_core.rollout.tasks import load_terminal_task
@@ -208,21 +209,82 @@ def test_an_episode_ended_before_its_first_action_is_still_graded(tiny_policy_di
     assert traj.reward == 0.0
 
 
-def test_overlapped_loop_on_vllm_samples(vllm_engine, tiny_policy_dir):
-    tokenizer = load_tokenizer(tiny_policy_dir)
+def vllm_specs() -> list[EpisodeSpec]:
     hello = load_terminal_task(TASKS / "write-hello")
     count = load_terminal_task(TASKS / "count-lines")
-    specs = [
-        EpisodeSpec(t, t.task_id, f"{t.task_id}/{i}") for t in (hello, count) for i in range(4)
-    ]
-    trajectories = run_agent(
-        vllm_engine, tokenizer, specs, loop="overlapped", max_turns=2, max_tokens_per_turn=24
+    return [EpisodeSpec(t, t.task_id, f"{t.task_id}/{i}") for t in (hello, count) for i in range(4)]
+
+
+def test_overlapped_loop_on_vllm_adds_requests_to_the_running_batch(vllm_engine, tiny_policy_dir):
+    """vLLM takes each request into its running batch (``submit``, ``collect`` a step at a
+    time). Weights may change only with no request in the engine: ``before_round`` runs
+    only then, and while a swap is pending (here: always) no request is added until the
+    engine has drained."""
+    tokenizer = load_tokenizer(tiny_policy_dir)
+    engine = vllm_engine
+    collect, steps = engine.collect, []
+
+    def counted():
+        steps.append(engine.unfinished)
+        return collect()
+
+    swaps: list[int] = []
+    agent = Agent(
+        engine,
+        tokenizer,
+        lambda: open_sandbox("local", limits=SandboxLimits(timeout_s=10)),
+        config=AgentConfig(max_turns=2, max_tokens_per_turn=24),
+        loop="overlapped",
     )
-    assert [t.trajectory_id for t in trajectories] == [s.trajectory_id for s in specs]
+    engine.collect = counted
+    try:
+        events = list(
+            agent.stream(
+                vllm_specs(),
+                before_round=lambda: swaps.append(engine.unfinished),
+                swap_pending=lambda: True,
+            )
+        )
+    finally:
+        del engine.collect
+        agent.close()
+    trajectories = [e for e in events if not isinstance(e, TurnReady)]
+    assert sorted(t.trajectory_id for t in trajectories) == sorted(
+        s.trajectory_id for s in vllm_specs()
+    )
     for traj in trajectories:
         actions = [s for s in traj.segments if s.kind == "action"]
         assert actions
-        assert traj.metadata["turn_versions"] == [vllm_engine.policy_version] * len(actions)
+        assert traj.metadata["turn_versions"] == [engine.policy_version] * len(actions)
         assert [len(lp) for lp in traj.metadata["action_logprobs"]] == [len(a.ids) for a in actions]
         assert traj.metadata["finish_reason"] in {"submitted", "max_turns"}
         assert traj.reward in (0.0, 1.0)
+    assert steps  # the engine was stepped, not called
+    assert swaps
+    assert set(swaps) == {0}
+    assert engine.unfinished == 0
+
+
+def test_a_stream_left_early_leaves_no_request_in_the_engine(vllm_engine, tiny_policy_dir):
+    tokenizer = load_tokenizer(tiny_policy_dir)
+    agent = Agent(
+        vllm_engine,
+        tokenizer,
+        lambda: open_sandbox("local", limits=SandboxLimits(timeout_s=10)),
+        config=AgentConfig(max_turns=2, max_tokens_per_turn=24),
+        loop="overlapped",
+    )
+    before = sandbox_folders()
+    try:
+        stream = agent.stream(vllm_specs())
+        first = next(stream)  # a turn: the others' requests are still in the engine
+        assert isinstance(first, TurnReady)
+        stream.close()
+    finally:
+        agent.close()
+    assert vllm_engine.unfinished == 0
+    request = GenerationRequest("after", (5, 6, 7), 4, 1)
+    [result] = vllm_engine.generate([request], SamplingConfig(stop_token_ids=()))
+    assert len(result.token_ids) == 4
+    time.sleep(0.5)
+    assert sandbox_folders() == before

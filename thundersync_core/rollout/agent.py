@@ -15,9 +15,12 @@ Episodes run concurrently, in one of two loops. ``rounds`` (the default): each r
 every live trajectory's next request to the engine in one batched ``generate`` call, then
 runs their commands in parallel sandboxes; the next round starts when every command of this
 one has returned, so the engine and the sandboxes take turns. ``overlapped``: an episode's
-command runs in the sandbox pool while the engine generates for the others; each
-``generate`` call takes every episode whose observation has come back (or that has just
-been set up) since the last call, so generation and tool execution overlap. Seeds are per
+command runs in the sandbox pool while the engine generates for the others. With an engine
+that batches continuously (``submit`` and ``collect``: vLLM) each request joins the running
+batch the moment its episode is ready and its reply is taken the step it ends; new weights
+are loaded only while no request is in the engine (a pending swap holds new requests back
+until it drains). With another engine each ``generate`` call takes every episode ready
+since the last call. Seeds are per
 request in both, but which requests share a batch then depends on timing, and an engine
 whose numerics depend on the batch may sample otherwise: ``rounds`` keeps two runs of the
 same policy on the same tokens (sync and thundersync compared step by step).
@@ -50,6 +53,7 @@ from thundersync_core.rollout.chat import (
 )
 from thundersync_core.rollout.engine import (
     GenerationRequest,
+    GenerationResult,
     RolloutEngine,
     SamplingConfig,
     request_seed,
@@ -167,15 +171,17 @@ class _Overlap:
     )  # commands under way, with the reply that wrote them
     grading: set[Future[Trajectory]] = field(default_factory=set)
     live: list[_Live] = field(default_factory=list)  # set up, not yet handed to a grader
+    #: Requests in a stepping engine's running batch, by request id.
+    asked: dict[str, _Live] = field(default_factory=dict)
 
     @property
     def busy(self) -> bool:
-        return bool(self.starting or self.ready or self.running or self.grading)
+        return bool(self.starting or self.ready or self.running or self.grading or self.asked)
 
     @property
     def live_count(self) -> int:
-        """Episodes counted against ``max_live``: starting, ready or executing."""
-        return len(self.starting) + len(self.ready) + len(self.running)
+        """Episodes counted against ``max_live``: starting, ready, generating or executing."""
+        return len(self.starting) + len(self.ready) + len(self.running) + len(self.asked)
 
     def futures(self) -> set[Future[Any]]:
         return self.starting | set(self.running) | self.grading
@@ -282,15 +288,18 @@ class Agent:
         max_live: int | None = None,
         admit: Callable[[EpisodeSpec], bool] | None = None,
         before_round: Callable[[], None] | None = None,
+        swap_pending: Callable[[], bool] | None = None,
     ) -> Iterator[Trajectory | TurnReady]:
         """Run episodes, yielding each action turn and each graded trajectory as it happens.
 
         At most ``max_live`` episodes run at once; the next spec starts only when ``admit``
         returns True for it (a staleness bound holds rollouts back this way).
-        ``before_round`` runs before every generation round (in-flight weight swaps).
+        ``before_round`` runs before every generation round (in-flight weight swaps); with
+        an engine that batches continuously, only while no request is in it, and while
+        ``swap_pending`` says new weights wait, no new request is added so it drains.
         """
         if self.loop == "overlapped":
-            yield from self._stream_overlapped(specs, max_live, admit, before_round)
+            yield from self._stream_overlapped(specs, max_live, admit, before_round, swap_pending)
             return
         pending = deque(specs)
         live: list[_Live] = []
@@ -333,40 +342,56 @@ class Agent:
         max_live: int | None,
         admit: Callable[[EpisodeSpec], bool] | None,
         before_round: Callable[[], None] | None,
+        swap_pending: Callable[[], bool] | None,
     ) -> Iterator[Trajectory | TurnReady]:
         """``stream`` with generation and tool execution overlapped: set-ups and commands
         run in the sandbox pool as futures, and each ``generate`` call takes the episodes
         that are ready for their next action at that moment."""
         pending = deque(specs)
         state = _Overlap()
+        # An engine that takes requests into its running batch (``submit``/``collect``):
+        # each request is added the moment its episode is ready.
+        stepping = callable(getattr(self.engine, "submit", None))
         try:
             while pending or state.busy:
                 room = max_live - state.live_count if max_live else None
                 for spec in _admitted(pending, room, admit):
                     state.starting.add(self.pool.submit(self._start, spec))
-                if state.ready:
-                    if before_round is not None:
-                        before_round()
-                    asking, state.ready = state.ready, []
-                    commands = self._generate(asking)
-                    for episode, action, reply in commands:
-                        future = self.pool.submit(self._execute, episode, action)
-                        state.running[future] = (episode, reply)
-                    asked = {id(episode) for episode, _, _ in commands}
-                    for episode in asking:  # ended by a limit before it could ask
-                        if id(episode) not in asked:
-                            self._grade(state, episode)
+                if state.ready and stepping:
+                    self._submit(state, before_round, swap_pending)
+                elif state.ready:
+                    self._call(state, before_round)
+                if stepping and state.asked:
+                    # One engine step; the replies done there go to the sandboxes at once.
+                    for result in self.engine.collect():  # type: ignore[attr-defined]
+                        episode = state.asked.pop(result.request_id)
+                        self._run_commands(state, [self._reply(episode, result)])
                 waiting = state.futures()
                 if not waiting:
-                    if pending:  # ``admit`` holds the next spec back
+                    if pending and not state.asked:  # ``admit`` holds the next spec back
                         time.sleep(0.01)
                     continue
-                finished, _ = wait(waiting, 0.05 if pending else None, FIRST_COMPLETED)
+                timeout = 0.0 if state.asked else (0.05 if pending else None)
+                finished, _ = wait(waiting, timeout, FIRST_COMPLETED)
                 for future in finished:
                     yield from self._settle(state, future)
         finally:
             self._in_flight.clear()
+            if state.asked:  # left early: the engine drops what it still generates
+                self.engine.cancel()  # type: ignore[attr-defined]
             state.abandon()
+
+    def _call(self, state: _Overlap, before_round: Callable[[], None] | None) -> None:
+        """One batched ``generate`` call for every ready episode; their commands start."""
+        if before_round is not None:
+            before_round()
+        asking, state.ready = state.ready, []
+        commands = self._generate(asking)
+        self._run_commands(state, commands)
+        asked = {id(episode) for episode, _, _ in commands}
+        for episode in asking:  # ended by a limit before it could ask
+            if id(episode) not in asked:
+                self._grade(state, episode)
 
     def _settle(self, state: _Overlap, future: Future[Any]) -> list[Trajectory | TurnReady]:
         """A finished future of the overlapped loop: a set-up makes its episode ready; an
@@ -393,6 +418,35 @@ class Agent:
         trajectory: Trajectory = future.result()
         self._in_flight.pop(trajectory.trajectory_id, None)
         return [trajectory]
+
+    def _submit(
+        self,
+        state: _Overlap,
+        before_round: Callable[[], None] | None,
+        swap_pending: Callable[[], bool] | None,
+    ) -> None:
+        """The ready episodes' requests into the engine's running batch. New weights are
+        taken (``before_round``) only while no request is in the engine, so a reply is
+        sampled by one version; a pending swap holds new requests back until the engine
+        has drained."""
+        if state.asked and swap_pending is not None and swap_pending():
+            return
+        if before_round is not None and not state.asked:
+            before_round()
+        for episode in state.ready:
+            request = self._request(episode)
+            if request is None:  # ended by a limit before it could ask
+                self._grade(state, episode)
+                continue
+            self.engine.submit(request, self.sampling)  # type: ignore[attr-defined]
+            state.asked[request.request_id] = episode
+        state.ready = []
+
+    def _run_commands(
+        self, state: _Overlap, commands: list[tuple[_Live, Action, tuple[int, ...]]]
+    ) -> None:
+        for episode, action, reply in commands:
+            state.running[self.pool.submit(self._execute, episode, action)] = (episode, reply)
 
     def _grade(self, state: _Overlap, episode: _Live) -> None:
         state.live.remove(episode)
@@ -437,51 +491,51 @@ class Agent:
     def _generate(self, active: list[_Live]) -> list[tuple[_Live, Action, tuple[int, ...]]]:
         """One batched ``generate`` call for the episodes' next actions; each reply becomes
         an action segment and a new turn. Returns (episode, parsed action, reply ids)."""
-        requests, asking = [], []
-        for episode in active:
-            budget = self._turn_budget(episode)
-            if budget > 0:
-                turn = len(episode.turn_versions)
-                seed = request_seed(
-                    self.base_seed, episode.spec.group_id, episode.spec.trajectory_id, turn
-                )
-                requests.append(
-                    GenerationRequest(
-                        f"{episode.spec.trajectory_id}/{turn}",
-                        episode.context(),
-                        budget,
-                        seed,
-                        group_id=episode.spec.group_id,
-                    )
-                )
-                asking.append(episode)
-                episode.mark("generate_start", turn=turn)
+        asked = [(e, r) for e in active if (r := self._request(e)) is not None]
+        requests = [r for _, r in asked]
         results = self.engine.generate(requests, self.sampling) if requests else []
-        commands = []
-        for episode, result in zip(asking, results, strict=True):
-            episode.mark(
-                "generate_end",
-                turn=len(episode.turn_versions),
-                policy_version=result.policy_version,
-            )
-            episode.segments.append(Segment.action(result.token_ids))
-            episode.action_logprobs.append(list(result.logprobs))
-            episode.new_turn = Turn(
-                group_id=episode.spec.group_id,
-                trajectory_id=episode.spec.trajectory_id,
-                prompt_ids=episode.prompt_ids,
-                index=len(episode.turn_versions),
-                segments=tuple(episode.segments),
-                teacher_logprobs=(),
-                last=False,
-                policy_version=result.policy_version,
-                behaviour_logprobs=tuple(result.logprobs),
-            )
-            episode.turn_versions.append(result.policy_version)
-            episode.action_tokens += len(result.token_ids)
-            reply = tuple(result.token_ids)
-            commands.append((episode, self.chat.parse(result.token_ids), reply))
-        return commands
+        return [self._reply(e, result) for (e, _), result in zip(asked, results, strict=True)]
+
+    def _request(self, episode: _Live) -> GenerationRequest | None:
+        """The episode's next request; None (its finish reason set) when no budget is left."""
+        budget = self._turn_budget(episode)
+        if budget <= 0:
+            return None
+        turn = len(episode.turn_versions)
+        seed = request_seed(self.base_seed, episode.spec.group_id, episode.spec.trajectory_id, turn)
+        episode.mark("generate_start", turn=turn)
+        return GenerationRequest(
+            f"{episode.spec.trajectory_id}/{turn}",
+            episode.context(),
+            budget,
+            seed,
+            group_id=episode.spec.group_id,
+        )
+
+    def _reply(
+        self, episode: _Live, result: GenerationResult
+    ) -> tuple[_Live, Action, tuple[int, ...]]:
+        """A generated reply into the episode: an action segment and a new turn."""
+        episode.mark(
+            "generate_end", turn=len(episode.turn_versions), policy_version=result.policy_version
+        )
+        episode.segments.append(Segment.action(result.token_ids))
+        episode.action_logprobs.append(list(result.logprobs))
+        episode.new_turn = Turn(
+            group_id=episode.spec.group_id,
+            trajectory_id=episode.spec.trajectory_id,
+            prompt_ids=episode.prompt_ids,
+            index=len(episode.turn_versions),
+            segments=tuple(episode.segments),
+            teacher_logprobs=(),
+            last=False,
+            policy_version=result.policy_version,
+            behaviour_logprobs=tuple(result.logprobs),
+        )
+        episode.turn_versions.append(result.policy_version)
+        episode.action_tokens += len(result.token_ids)
+        reply = tuple(result.token_ids)
+        return episode, self.chat.parse(result.token_ids), reply
 
     def _observe(self, episode: _Live, observation: str | None, reply: Sequence[int]) -> None:
         """An executed action's observation into the episode; sets its finish reason when

@@ -117,33 +117,64 @@ class VLLMEngine:
         #: The live version's adapter (vLLM's ``LoRARequest``); None: the weights as loaded.
         self.adapter: Any = None
         self._adapter_ids = itertools.count(1)
+        #: Requests submitted for continuous batching, by the engine's request id.
+        self._streamed: dict[str, GenerationRequest] = {}
+        self._stream_ids = itertools.count()
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingConfig
     ) -> list[GenerationResult]:
-        from vllm import SamplingParams
-
         if not requests:
             return []
-        prompts: Any = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
-        params = [
-            SamplingParams(
-                n=1,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else 0,
-                max_tokens=r.max_tokens,
-                seed=r.seed,
-                logprobs=0,
-                stop_token_ids=list(sampling.stop_token_ids),
-                ignore_eos=True,  # stop only on the configured ids
-                detokenize=False,
+        if self._streamed:
+            raise RuntimeError(
+                f"generate called with {len(self._streamed)} submitted requests unfinished"
             )
-            for r in requests
-        ]
+        prompts: Any = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
+        params = [_params(r, sampling) for r in requests]
         with _engine_failure("generate"):
             outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
         return [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
+
+    # -- continuous batching: requests join the running batch -------------------------------
+    def submit(self, request: GenerationRequest, sampling: SamplingConfig) -> None:
+        """Add one request to the engine's running batch; it is scheduled at the engine's
+        next step beside those already decoding. Its result comes from ``collect``."""
+        from vllm.sampling_params import RequestOutputKind
+
+        key = f"s{next(self._stream_ids)}"
+        params = _params(request, sampling)
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        prompt: Any = {"prompt_token_ids": list(request.prompt_ids)}
+        with _engine_failure("submit"):
+            self.llm.llm_engine.add_request(key, prompt, params, lora_request=self.adapter)
+        self._streamed[key] = request
+
+    def collect(self) -> list[GenerationResult]:
+        """Run the engine one step (blocking until it has one); the submitted requests that
+        finished there, each with the live policy version (weights change only while no
+        request is in the engine: ``unfinished`` is 0)."""
+        if not self._streamed:
+            return []
+        with _engine_failure("generate"):
+            outputs = self.llm.llm_engine.step()
+        return [
+            self._result(self._streamed.pop(output.request_id), output)
+            for output in outputs
+            if getattr(output, "finished", False)
+        ]
+
+    def cancel(self) -> None:
+        """Drop every submitted request (a stream left early)."""
+        if self._streamed:
+            with _engine_failure("cancel"):
+                self.llm.llm_engine.abort_request(list(self._streamed))
+            self._streamed.clear()
+
+    @property
+    def unfinished(self) -> int:
+        """Submitted requests not yet collected."""
+        return len(self._streamed)
 
     def _result(self, request: GenerationRequest, output: Any) -> GenerationResult:
         completion = output.outputs[0]
@@ -259,6 +290,25 @@ class VLLMEngine:
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+def _params(request: GenerationRequest, sampling: SamplingConfig) -> Any:
+    """vLLM's sampling parameters of one request: its seed and token budget, the sampler,
+    processed log-probs of the sampled tokens, stopping only on the configured ids."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k if sampling.top_k > 0 else 0,
+        max_tokens=request.max_tokens,
+        seed=request.seed,
+        logprobs=0,
+        stop_token_ids=list(sampling.stop_token_ids),
+        ignore_eos=True,  # stop only on the configured ids
+        detokenize=False,
+    )
 
 
 @contextmanager

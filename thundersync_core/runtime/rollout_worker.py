@@ -278,7 +278,11 @@ class RolloutWorker:
             self._rollouts += 1
         try:
             for event in self.agent.stream(
-                episodes, max_live=max_live, admit=admit, before_round=self._apply_pending
+                episodes,
+                max_live=max_live,
+                admit=admit,
+                before_round=self._apply_pending,
+                swap_pending=lambda: self._pending is not None,
             ):
                 if isinstance(event, TurnReady) and not emit_turns:
                     continue
