@@ -129,14 +129,7 @@ def main() -> None:
         "overlapped, continuous": TimedSteppingEngine(vllm),
     }
     chat = chat_format(tokenizer, policy, rollout)  # type: ignore[arg-type]
-    agent_config = AgentConfig(
-        max_turns=rollout.max_turns,
-        max_tokens_per_turn=rollout.max_tokens_per_turn,
-        max_total_tokens=rollout.max_total_tokens,
-        max_context_tokens=rollout.max_model_len,
-        observation_tokens=rollout.observation_tokens,
-        command_timeout_s=rollout.command_timeout_s,
-    )
+    agent_config = AgentConfig.of(rollout)
     limits = SandboxLimits(timeout_s=rollout.command_timeout_s)
     agents = {
         name: Agent(

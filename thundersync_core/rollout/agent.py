@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from thundersync_core.batch import Segment, Trajectory, Turn
 from thundersync_core.rollout.chat import (
@@ -60,6 +60,9 @@ from thundersync_core.rollout.engine import (
 )
 from thundersync_core.rollout.grading import GraderError, GradeResult
 from thundersync_core.rollout.sandbox.base import ExecResult, Sandbox
+
+if TYPE_CHECKING:
+    from thundersync_core.config import RolloutConfig
 
 SYSTEM_PROMPT = BASH_SYSTEM_PROMPT
 PARSE_ERROR = NO_BLOCK
@@ -115,6 +118,19 @@ class AgentConfig:
     command_timeout_s: float = 10.0
     system_prompt: str = SYSTEM_PROMPT
     end_of_turn: str = "<|im_end|>"
+
+    @classmethod
+    def of(cls, rollout: RolloutConfig) -> AgentConfig:
+        """The limits a training config's ``rollout`` section sets (context: the engine's
+        ``max_model_len``)."""
+        return cls(
+            max_turns=rollout.max_turns,
+            max_tokens_per_turn=rollout.max_tokens_per_turn,
+            max_total_tokens=rollout.max_total_tokens,
+            max_context_tokens=rollout.max_model_len,
+            observation_tokens=rollout.observation_tokens,
+            command_timeout_s=rollout.command_timeout_s,
+        )
 
 
 @dataclass(frozen=True)

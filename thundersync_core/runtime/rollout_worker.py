@@ -108,14 +108,7 @@ class RolloutWorker:
             )
             self.engine.policy_version = policy_version
         tokenizer = load_tokenizer(model_dir)
-        agent_config = AgentConfig(
-            max_turns=config.max_turns,
-            max_tokens_per_turn=config.max_tokens_per_turn,
-            max_total_tokens=config.max_total_tokens,
-            max_context_tokens=config.max_model_len,
-            observation_tokens=config.observation_tokens,
-            command_timeout_s=config.command_timeout_s,
-        )
+        agent_config = AgentConfig.of(config)
         limits = SandboxLimits(timeout_s=config.command_timeout_s)
         chat = chat_format(tokenizer, Path(model_dir), config)  # type: ignore[arg-type]
         self.agent = Agent(
