@@ -63,15 +63,19 @@ def specs() -> list[EpisodeSpec]:
     ]
 
 
-def stream(tokenizer, loop: str, **kwargs):
-    engine = TimedPolicy(tokenizer, SCRIPT)
-    agent = Agent(
+def make_agent(engine, tokenizer, loop: str = "overlapped", **config) -> Agent:
+    return Agent(
         engine,
         tokenizer,
         lambda: open_sandbox("local", limits=SandboxLimits(timeout_s=10)),
-        config=AgentConfig(max_turns=3),
+        config=AgentConfig(**config),
         loop=loop,
     )
+
+
+def stream(tokenizer, loop: str, **kwargs):
+    engine = TimedPolicy(tokenizer, SCRIPT)
+    agent = make_agent(engine, tokenizer, loop, max_turns=3)
     try:
         events = list(agent.stream(specs(), **kwargs))
     finally:
@@ -229,13 +233,7 @@ def test_overlapped_loop_on_vllm_adds_requests_to_the_running_batch(vllm_engine,
         return collect()
 
     swaps: list[int] = []
-    agent = Agent(
-        engine,
-        tokenizer,
-        lambda: open_sandbox("local", limits=SandboxLimits(timeout_s=10)),
-        config=AgentConfig(max_turns=2, max_tokens_per_turn=24),
-        loop="overlapped",
-    )
+    agent = make_agent(engine, tokenizer, max_turns=2, max_tokens_per_turn=24)
     engine.collect = counted
     try:
         events = list(
@@ -267,13 +265,7 @@ def test_overlapped_loop_on_vllm_adds_requests_to_the_running_batch(vllm_engine,
 
 def test_a_stream_left_early_leaves_no_request_in_the_engine(vllm_engine, tiny_policy_dir):
     tokenizer = load_tokenizer(tiny_policy_dir)
-    agent = Agent(
-        vllm_engine,
-        tokenizer,
-        lambda: open_sandbox("local", limits=SandboxLimits(timeout_s=10)),
-        config=AgentConfig(max_turns=2, max_tokens_per_turn=24),
-        loop="overlapped",
-    )
+    agent = make_agent(vllm_engine, tokenizer, max_turns=2, max_tokens_per_turn=24)
     before = sandbox_folders()
     try:
         stream = agent.stream(vllm_specs())

@@ -20,10 +20,10 @@ that batches continuously (``submit`` and ``collect``: vLLM) each request joins 
 batch the moment its episode is ready and its reply is taken the step it ends; new weights
 are loaded only while no request is in the engine (a pending swap holds new requests back
 until it drains). With another engine each ``generate`` call takes every episode ready
-since the last call. Seeds are per
-request in both, but which requests share a batch then depends on timing, and an engine
-whose numerics depend on the batch may sample otherwise: ``rounds`` keeps two runs of the
-same policy on the same tokens (sync and thundersync compared step by step).
+since the last call. Seeds are per request in both, but which requests share a batch then
+depends on timing, and an engine whose numerics depend on the batch may sample otherwise:
+``rounds`` keeps two runs of the same policy on the same tokens (sync and thundersync
+compared step by step).
 ``stream`` yields events as they happen: a ``TurnReady`` after each action (with the
 trajectory so far, for a teacher to score) and each graded ``Trajectory`` as soon as its
 grader returns, while the other episodes keep going; grading overlaps the next rounds.
@@ -186,7 +186,6 @@ class _Overlap:
         default_factory=dict
     )  # commands under way, with the reply that wrote them
     grading: set[Future[Trajectory]] = field(default_factory=set)
-    live: list[_Live] = field(default_factory=list)  # set up, not yet handed to a grader
     #: Requests in a stepping engine's running batch, by request id.
     asked: dict[str, _Live] = field(default_factory=dict)
 
@@ -209,7 +208,8 @@ class _Overlap:
             future.cancel()
         for future in self.starting:
             future.add_done_callback(_close_started)
-        for episode in self.live:
+        live = [*self.ready, *(e for e, _ in self.running.values()), *self.asked.values()]
+        for episode in live:
             episode.sandbox.close()
 
 
@@ -361,8 +361,8 @@ class Agent:
         swap_pending: Callable[[], bool] | None,
     ) -> Iterator[Trajectory | TurnReady]:
         """``stream`` with generation and tool execution overlapped: set-ups and commands
-        run in the sandbox pool as futures, and each ``generate`` call takes the episodes
-        that are ready for their next action at that moment."""
+        run in the sandbox pool as futures; ready episodes' requests join the engine's
+        running batch (``submit``/``collect``) or, without one, one ``generate`` call."""
         pending = deque(specs)
         state = _Overlap()
         # An engine that takes requests into its running batch (``submit``/``collect``):
@@ -418,7 +418,6 @@ class Agent:
             state.starting.remove(future)
             episode: _Live = future.result()
             self._in_flight[episode.spec.trajectory_id] = episode
-            state.live.append(episode)
             state.ready.append(episode)
             return []
         if future in state.running:
@@ -465,7 +464,6 @@ class Agent:
             state.running[self.pool.submit(self._execute, episode, action)] = (episode, reply)
 
     def _grade(self, state: _Overlap, episode: _Live) -> None:
-        state.live.remove(episode)
         state.grading.add(self.graders.submit(self._finish_and_close, episode))
 
     def in_flight_events(self) -> list[list[dict[str, Any]]]:

@@ -43,22 +43,32 @@ def add_parser(sub: Any) -> None:
 
 
 def make_engine(
-    kind: str, model_dir: Path, *, max_model_len: int = 4096, tensor_parallel_size: int = 1
+    kind: str,
+    model_dir: Path,
+    *,
+    max_model_len: int = 4096,
+    tensor_parallel_size: int = 1,
+    lora_rank: int | None = None,
 ) -> RolloutEngine:
-    """vLLM when asked for or, with ``auto``, when installed; else the transformers engine."""
+    """vLLM when asked for or, with ``auto``, when installed; else the transformers engine.
+    ``lora_rank``: a vLLM engine with LoRA support for adapters of at most that rank."""
     from thundersync_core.rollout.hf_engine import HFEngine
     from thundersync_core.rollout.vllm_engine import VLLMEngine, vllm_available
 
     if kind == "vllm" or (kind == "auto" and vllm_available()):
+        extra: dict[str, Any] = {}
         if tensor_parallel_size > 1:
-            return VLLMEngine(
-                model_dir, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size
-            )
-        return VLLMEngine(model_dir, max_model_len=max_model_len)
+            extra["tensor_parallel_size"] = tensor_parallel_size
+        return VLLMEngine(model_dir, max_model_len=max_model_len, lora_rank=lora_rank, **extra)
     if tensor_parallel_size > 1:
         raise ValueError(
             f"resources.rollout.tensor_parallel_size: {tensor_parallel_size} needs the vLLM "
             "engine (the transformers engine runs on one device)"
+        )
+    if lora_rank is not None:
+        raise ValueError(
+            "rollout.lora_publication: adapter needs the vLLM engine (rollout.engine: vllm); "
+            "the transformers engine loads merged weights"
         )
     return HFEngine(model_dir)
 

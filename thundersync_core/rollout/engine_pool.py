@@ -31,7 +31,6 @@ from thundersync_core.rollout.engine import (
     EngineFailed,
     GenerationRequest,
     GenerationResult,
-    RolloutEngine,
     SamplingConfig,
     gone_processes,
 )
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     from thundersync_core.rollout.weight_sync import GroupAddress
     from thundersync_core.runtime.placement import Reservation
 
-__all__ = ["EngineActor", "EnginePool", "assign_requests", "make_rollout_engine", "start_engines"]
+__all__ = ["EngineActor", "EnginePool", "assign_requests", "start_engines"]
 
 
 def _group_of(request: GenerationRequest) -> str:
@@ -66,40 +65,6 @@ def assign_requests(
     return chosen
 
 
-def make_rollout_engine(
-    kind: str,
-    model_dir: Path,
-    *,
-    max_model_len: int,
-    tensor_parallel_size: int = 1,
-    lora_rank: int | None = None,
-) -> RolloutEngine:
-    """The rollout role's engine (``rollout/cli.py``'s ``make_engine``); with ``lora_rank``
-    a vLLM engine with LoRA support for adapters of at most that rank."""
-    from thundersync_core.rollout.cli import make_engine  # noqa: PLC0415
-
-    if lora_rank is None:
-        return make_engine(
-            kind,
-            model_dir,
-            max_model_len=max_model_len,
-            tensor_parallel_size=tensor_parallel_size,
-        )
-    if kind == "hf":
-        raise ValueError(
-            "rollout.lora_publication: adapter needs the vLLM engine (rollout.engine: vllm); "
-            "the transformers engine loads merged weights"
-        )
-    from thundersync_core.rollout.vllm_engine import VLLMEngine  # noqa: PLC0415
-
-    return VLLMEngine(
-        model_dir,
-        max_model_len=max_model_len,
-        tensor_parallel_size=tensor_parallel_size,
-        lora_rank=lora_rank,
-    )
-
-
 class EngineActor:
     """One engine in its own process (a Ray actor)."""
 
@@ -118,7 +83,9 @@ class EngineActor:
 
         pin_to_cores(cores)
         self.index = index
-        self.engine = make_rollout_engine(
+        from thundersync_core.rollout.cli import make_engine  # noqa: PLC0415
+
+        self.engine = make_engine(
             kind,
             Path(model_dir),
             max_model_len=max_model_len,
@@ -340,7 +307,7 @@ def start_engines(
     """``engines`` EngineActors, each with its share of the rollout role's GPUs and CPUs
     (cores: engine i takes cores[i::engines], all of them when there are fewer cores than
     engines; engine i in bundle i of ``placement``), as one pool; ``lora_rank``: vLLM
-    engines with LoRA support (``make_rollout_engine``)."""
+    engines with LoRA support (``make_engine``)."""
     import ray  # noqa: PLC0415
 
     from thundersync_core.runtime.placement import in_bundle  # noqa: PLC0415

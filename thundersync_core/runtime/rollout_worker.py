@@ -67,10 +67,8 @@ class RolloutWorker:
         pin_to_cores(cores)
         check_cores(config.grader_cores, "rollout.grader_cores")
         from thundersync_core.policy.io import load_tokenizer  # noqa: PLC0415
-        from thundersync_core.rollout.engine_pool import (  # noqa: PLC0415
-            make_rollout_engine,
-            start_engines,
-        )
+        from thundersync_core.rollout.cli import make_engine  # noqa: PLC0415
+        from thundersync_core.rollout.engine_pool import start_engines  # noqa: PLC0415
         from thundersync_core.rollout.sandbox import SandboxLimits, open_sandbox  # noqa: PLC0415
         from thundersync_core.rollout.tasks import load_terminal_task  # noqa: PLC0415
 
@@ -99,7 +97,7 @@ class RolloutWorker:
                 lora_rank=engine_rank,
             )
         else:
-            self.engine = make_rollout_engine(
+            self.engine = make_engine(
                 config.engine,
                 Path(model_dir),
                 max_model_len=config.max_model_len,
