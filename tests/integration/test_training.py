@@ -201,8 +201,9 @@ def _run_and_kill(config: Path, out: Path) -> int:
 
 
 # thundersync exports its checkpoints in bfloat16: the resume takes the float32 master
-# beside the export, and the engines get it before the first step.
-@pytest.mark.parametrize(("schedule", "export"), [("sync", "float32"), ("thundersync", "bfloat16")])
+# beside the export, and the engines get it before the first step. (A sync run resumed
+# from float32 checkpoints after a killed role: tests/integration/test_faults.py.)
+@pytest.mark.parametrize(("schedule", "export"), [("thundersync", "bfloat16")])
 def test_kill_and_resume_ends_with_the_uninterrupted_weights(
     tmp_path, tiny_prep_dir, solver_policy_dir, uninterrupted_run, schedule, export
 ):
@@ -249,7 +250,9 @@ def test_kill_and_resume_ends_with_the_uninterrupted_weights(
     assert steps == [0, 1, 2]
 
 
-@pytest.mark.parametrize("schedule", ["sync", "thundersync"])
+# thundersync, whose learner holds a batch half-streamed when the signal lands; sync's
+# stop between steps is the same path with nothing streamed.
+@pytest.mark.parametrize("schedule", ["thundersync"])
 def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_ends_as_uninterrupted(
     tmp_path, tiny_prep_dir, solver_policy_dir, uninterrupted_run, schedule
 ):
