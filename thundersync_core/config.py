@@ -214,7 +214,8 @@ class RolloutConfig(_Strict):
     #: How new weights reach the engines: ``file`` (a safetensors file under /dev/shm that
     #: each engine reads; one host) or ``collective`` (the learner broadcasts them to every
     #: engine worker over a torch.distributed group, gloo on CPU and NCCL on GPU, in the
-    #: engine's dtype, in buckets of ``publication_bucket_mb``; vLLM engines).
+    #: engine's dtype, in buckets of ``publication_bucket_mb``; vLLM engines). The
+    #: pipeline's in-flight updates arrive at the rollout's next generation round.
     publication: Literal["file", "collective"] = "file"
     publication_bucket_mb: float = Field(default=64.0, gt=0)
     #: Collective publication: every engine checks, after loading, that each parameter's
@@ -312,11 +313,6 @@ class TrainConfig(_Strict):
     def _lengths_fit(self) -> TrainConfig:
         if self.rollout.max_tokens_per_turn > self.rollout.max_total_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_total_tokens")
-        if self.rollout.publication == "collective" and self.schedule == "pipeline":
-            raise ValueError(
-                "rollout.publication: collective publishes between batches; the pipeline's "
-                "in-flight updates use file"
-            )
         if self.learner_sharded_gradient and (
             self.objective != "grpo"
             or self.learner_sharding != "fsdp2"

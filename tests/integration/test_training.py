@@ -376,9 +376,15 @@ def test_off_policy_schedules_record_bounded_staleness(
 ):
     if engine == "vllm" and not vllm_available():
         pytest.skip("vLLM is not installed")
-    # On vLLM the pipeline runs two engines: in-flight updates reach both, and the
-    # staleness bound holds over both.
+    # On vLLM the pipeline runs two engines and publishes by collective: the learner
+    # broadcasts each version, both engines take it at their next round, checked against
+    # what was sent (verify_publication), and the staleness bound holds over both.
     engines = 2 if engine == "vllm" else 1
+    publication = (
+        {"rollout__publication": "collective", "rollout__verify_publication": True}
+        if engine == "vllm"
+        else {}
+    )
     config = train_config_file(
         tmp_path,
         tiny_prep_dir,
@@ -391,6 +397,7 @@ def test_off_policy_schedules_record_bounded_staleness(
         tasks__dev_tasks=2,
         tasks__dev_samples=1,
         resources__rollout__engines=engines,
+        **publication,
     )
     summary = train(load_config(config), tmp_path / "run")
     # The dev evaluation after training samples the last step's weights (the pipeline's
@@ -409,6 +416,10 @@ def test_off_policy_schedules_record_bounded_staleness(
             assert math.isfinite(record["reverse_kl"])
         else:
             assert record["reverse_kl"] is None
+        if publication:
+            # Every version was broadcast whole to both engines (the tiny model's float32
+            # weights), and arrived checked.
+            assert record["publication_bytes"] > 0, record
         if engines > 1:
             # Both engines sampled, each with versions the bound allows (the next batch may
             # already have begun with the version this step made).

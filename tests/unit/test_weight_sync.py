@@ -91,13 +91,13 @@ def test_a_sender_refuses_parameters_the_engines_do_not_expect():
         send_weights(Silent(), renamed, layout, dtype=torch.float32, bucket_bytes=10**9)  # type: ignore[arg-type]
 
 
-def test_collective_publication_is_refused_where_it_does_not_apply():
+def test_collective_publication_serves_every_schedule():
     from thundersync_core.config import TrainConfig  # noqa: PLC0415
 
-    TrainConfig(schedule="thundersync", rollout={"publication": "collective"})
+    # The pipeline's in-flight updates too: the engines take the broadcast at the next round.
+    for schedule in ("sync", "thundersync", "async", "pipeline"):
+        TrainConfig(schedule=schedule, rollout={"publication": "collective"})
     TrainConfig(rollout={"publication": "collective"}, resources={"learner": {"ranks": 2}})
-    with pytest.raises(ValueError, match="pipeline's in-flight updates use file"):
-        TrainConfig(schedule="pipeline", rollout={"publication": "collective"})
 
 
 def test_a_publication_that_did_not_arrive_whole_fails_naming_the_engine():

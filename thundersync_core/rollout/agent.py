@@ -385,6 +385,8 @@ class Agent:
                 waiting = state.futures()
                 if not waiting:
                     if pending and not state.asked:  # ``admit`` holds the next spec back
+                        if before_round is not None:
+                            before_round()  # the engine is empty: new weights may admit it
                         time.sleep(0.01)
                     continue
                 timeout = 0.0 if state.asked else (0.05 if pending else None)

@@ -10,7 +10,9 @@ thundersync, one-step-off) and is refused while a rollout is under way, so a bat
 must be sampled by one version never sees two. ``publish`` queues them and the agent swaps
 them before its next generation round, mid-trajectory (pipeline's in-flight updates); the
 actor runs with two threads so ``publish`` lands while ``rollout`` is streaming. ``settle``
-applies a queued publication with no rollout under way (before an evaluation).
+applies a queued publication with no rollout under way (before an evaluation). By
+collective, ``receive_weights`` takes a broadcast between batches and ``receive_in_flight``
+at the next generation round (the engines drained, so no reply mixes two versions).
 
 With ``rollout.lora_publication: adapter`` a publication is a LoRA adapter's folder, not a
 weight file: the vLLM engines start with LoRA support for adapters of rank ``lora_rank``
@@ -23,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +50,17 @@ class RolloutSpec:
     group_id: str
     trajectory_id: str
     batch: int = 0
+
+
+@dataclass
+class _Broadcast:
+    """A broadcast publication queued for the next round, and its waiting caller's answer."""
+
+    version: int
+    verify: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    result: tuple[float, list[Any]] | None = None
+    error: BaseException | None = None
 
 
 class RolloutWorker:
@@ -125,7 +138,7 @@ class RolloutWorker:
             max_workers=config.sandbox_workers,
             loop=config.agent_loop,
         )
-        self._pending: tuple[Path, int] | None = None
+        self._pending: tuple[Path, int] | _Broadcast | None = None
         self._engine_pids = self.engine_pids()
         self._lock = threading.Lock()
         self._rollouts = 0  # rollout streams under way
@@ -176,10 +189,28 @@ class RolloutWorker:
                 raise LearnerRefusal(
                     f"refusing to receive weights version {version}: a rollout is under way"
                 )
-            t0 = time.time()
-            reports = self.engine.receive_weights(version, verify=verify)
-            self.weight_swaps.append((version, t0, time.time()))
-        return time.time(), list(reports)
+            return self._receive(version, verify)
+
+    def receive_in_flight(self, version: int, verify: bool = False) -> tuple[float, list[Any]]:
+        """Receive a broadcast publication at the rollout's next generation round (the
+        pipeline's in-flight update by collective; the learner sends it meanwhile), or at
+        once when no rollout is under way. Returns as ``receive_weights`` does, once the
+        engines have the weights: the driver waits about one round."""
+        with self._lock:
+            if not self._rollouts:
+                return self._receive(version, verify)
+            if self._pending is not None:
+                raise LearnerRefusal(
+                    f"refusing to queue weights version {version}: an earlier publication "
+                    "has not reached the engines yet"
+                )
+            ticket = _Broadcast(version, verify)
+            self._pending = ticket
+        ticket.done.wait()
+        if ticket.error is not None:
+            raise ticket.error
+        assert ticket.result is not None
+        return ticket.result
 
     def publish(self, path: str, version: int) -> None:
         """Queue weights for the next generation round (in-flight update)."""
@@ -192,15 +223,36 @@ class RolloutWorker:
             if self._rollouts:
                 raise LearnerRefusal("settle: a rollout is under way")
             pending, self._pending = self._pending, None
-            if pending is not None:
-                self._swap(*pending)
+            self._apply(pending)
         return self.engine.policy_version
 
     def _apply_pending(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, None
-        if pending is not None:
+        self._apply(pending)
+
+    def _apply(
+        self, pending: tuple[Path, int] | _Broadcast | None, *, reraise: bool = True
+    ) -> None:
+        """Apply what was queued: a weight file, or a broadcast whose waiting caller is told
+        the outcome (and, with ``reraise``, this thread too)."""
+        if isinstance(pending, _Broadcast):
+            try:
+                pending.result = self._receive(pending.version, pending.verify)
+            except BaseException as exc:
+                pending.error = exc
+                if reraise:
+                    raise
+            finally:
+                pending.done.set()
+        elif pending is not None:
             self._swap(*pending)
+
+    def _receive(self, version: int, verify: bool) -> tuple[float, list[Any]]:
+        t0 = time.time()
+        reports = self.engine.receive_weights(version, verify=verify)
+        self.weight_swaps.append((version, t0, time.time()))
+        return time.time(), list(reports)
 
     def _swap(self, path: Path, version: int) -> None:
         t0 = time.time()
@@ -281,6 +333,11 @@ class RolloutWorker:
         finally:
             with self._lock:
                 self._rollouts -= 1
+                last = None
+                if not self._rollouts and isinstance(self._pending, _Broadcast):
+                    last, self._pending = self._pending, None
+            # A broadcast's caller waits for it: received here, as no round will come.
+            self._apply(last, reraise=False)
 
     def in_flight_events(self) -> list[list[dict[str, Any]]]:
         """Event lists of the episodes under way (see ``Agent.in_flight_events``)."""

@@ -175,19 +175,27 @@ def publish_now(ctx: RunContext, learner_metrics: dict[str, Any]) -> tuple[float
 
 
 def publish_weights(
-    config: TrainConfig, learner: Any, rollout: Any, version: int, weights: str
+    config: TrainConfig,
+    learner: Any,
+    rollout: Any,
+    version: int,
+    weights: str,
+    *,
+    in_flight: bool = False,
 ) -> tuple[float, int | None]:
     """The learner's current weights into every engine, by the configured publication (a
     broadcast, checked when ``verify_publication``; or the file ``weights``, with
     ``lora_publication: adapter`` the adapter's folder); returns the time the engines had
     them and the bytes broadcast (None for a file or folder: an adapter's size is in the
-    learner's step record)."""
+    learner's step record). ``in_flight`` (broadcast only): the engines take it at the
+    rollout's next generation round, with episodes under way."""
     import ray  # noqa: PLC0415
 
     if config.rollout.publication == "collective":
         verify = config.rollout.verify_publication
+        receive = rollout.receive_in_flight if in_flight else rollout.receive_weights
         sent, (ack, reports) = ray.get(
-            [learner.send_weights.remote(verify), rollout.receive_weights.remote(version, verify)]
+            [learner.send_weights.remote(verify), receive.remote(version, verify)]
         )
         if verify:
             check_publication(version, sent, reports)

@@ -6,7 +6,8 @@ behind). Every action records the version that sampled it, so a trajectory may s
 versions; the learner admits a lag up to max_staleness and applies truncated importance
 weights per token. When batch b's last source is in, the learner steps and the new weights
 are queued for the engine's next round (no wait for the rollouts in flight); an evaluation
-after the run applies the last queued weights first.
+after the run applies the last queued weights first. By collective publication the learner
+broadcasts and the engines receive at that next round (drained, so no reply mixes versions).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from thundersync_core.schedules.base import (
     RunContext,
     StepOutcome,
     events,
+    publish_weights,
     reward_time,
     submit_turn,
     timeline,
@@ -58,10 +60,24 @@ def run(ctx: RunContext, start: int, end: int) -> None:
         while current < end and len(finished[current]) == len(plans[current]):
             _hand_over(ctx, waiting.pop(current, []))
             learner = ray.get(ctx.roles.learner.step.remote(current))
-            sent = time.time()
-            # Queued for the engine's next round; awaited (a moment), so that nothing sent
-            # to the rollout role later, an evaluation above all, can overtake it.
-            ray.get(ctx.roles.rollout.publish.remote(learner["weights"], learner["policy_version"]))
+            sent = acknowledged = time.time()
+            if ctx.config.rollout.publication == "collective":
+                # Broadcast: the engines take it at the rollout's next round; awaited (about
+                # a round), as the learner sends until then and the next batch begins after.
+                acknowledged, learner["publication_bytes"] = publish_weights(
+                    ctx.config,
+                    ctx.roles.learner,
+                    ctx.roles.rollout,
+                    learner["policy_version"],
+                    learner["weights"],
+                    in_flight=True,
+                )
+            else:
+                # Queued for the engine's next round; awaited (a moment), so that nothing
+                # sent to the rollout role later, an evaluation above all, can overtake it.
+                ray.get(
+                    ctx.roles.rollout.publish.remote(learner["weights"], learner["policy_version"])
+                )
             # The next batches roll out during this step: theirs is rollout time as well.
             in_flight = ray.get(ctx.roles.rollout.in_flight_events.remote())
             later = [t for step, done in finished.items() if step > current for t in done]
@@ -71,7 +87,7 @@ def run(ctx: RunContext, start: int, end: int) -> None:
                 end_s=sent,
                 learner=learner,
                 trajectories=finished[current] + later,
-                publication=(sent, sent),
+                publication=(sent, acknowledged),
                 in_flight=in_flight,
             )
             if not ctx.on_step(StepOutcome(current, line, learner, finished.pop(current))):
