@@ -131,6 +131,10 @@ class WarmStartConfig(_Strict):
     #: The OPD teacher's start: ``preset``, a fresh model warm-started ``teacher_steps``;
     #: ``policy``, the policy's warm start continued for ``teacher_steps`` more steps.
     teacher_init: Literal["preset", "policy"] = "preset"
+    #: Warm-start at this (smaller) preset, then grow the result into ``policy.preset``
+    #: with the same function (``policy/grow.py``): new widths, heads and layers start
+    #: writing nothing and train from there. Empty: warm-start at ``policy.preset``.
+    preset: str | None = None
     #: A folder keeping warm starts by what makes them (starting weights, steps, lr, seed,
     #: families, the tasks' files, the warm-start code), so every run with the same ones
     #: reuses the first; empty: each run folder warm-starts its own.
@@ -311,6 +315,10 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> TrainConfig:
+        if self.warm_start.preset is not None and self.policy.path is None:
+            from thundersync_core.policy.grow import check_growth  # noqa: PLC0415
+
+            check_growth(self.warm_start.preset, self.policy.preset)
         if self.rollout.max_tokens_per_turn > self.rollout.max_total_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_total_tokens")
         if self.learner_sharded_gradient and (

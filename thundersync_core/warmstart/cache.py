@@ -2,9 +2,11 @@
 
 With ``warm_start.cache_dir`` a warm start is kept at ``<cache>/<policy|teacher>-<key>``,
 the key a sha256 over everything it depends on (see ``warm_start_key``); every run with the
-same key reuses it. A warm start is written to a scratch folder named by host and process
-beside its target and renamed into place, so a folder at the target is complete; scratch
-folders of processes that died on this host are removed at the next start.
+same key reuses it. With ``warm_start.preset`` the warm start is made at that preset and
+grown into ``policy.preset`` beside it (``<name>-<preset>``). A warm start is written to a
+scratch folder named by host and process beside its target and renamed into place, so a
+folder at the target is complete; scratch folders of processes that died on this host are
+removed at the next start.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ def _warm(
     steps: int,
     init_from: Path | None = None,
 ) -> Path:
+    start = config.warm_start.preset
+    if init_from is None and start is not None and start != config.policy.preset:
+        at_start = config.model_copy(
+            update={"policy": config.policy.model_copy(update={"preset": start})}
+        )
+        return _grown(_warm(at_start, target, roots, steps), config.policy.preset, config.seed)
     if config.warm_start.cache_dir is not None:
         key = warm_start_key(config, roots, steps, init_from)
         target = Path(config.warm_start.cache_dir) / f"{target.name}-{key[:16]}"
@@ -98,6 +106,41 @@ def _warm(
         scratch.rename(target)
     except OSError:
         # Another run with the same key finished first: its folder is the same warm start.
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def _grown(trained: Path, preset: str, seed: int) -> Path:
+    """``trained`` grown into ``preset`` (``policy/grow.py``), kept beside it by name."""
+    target = trained.with_name(f"{trained.name}-{preset}")
+    if (target / "config.json").is_file():
+        return target
+    from thundersync_core.policy import build_model  # noqa: PLC0415
+    from thundersync_core.policy.grow import grow_into  # noqa: PLC0415
+    from thundersync_core.policy.io import load_model  # noqa: PLC0415
+    from thundersync_core.warmstart.sft import SUMMARY_FILE  # noqa: PLC0415
+
+    _remove_abandoned_scratch(target)
+    scratch = target.with_name(f"{_scratch_prefix(target)}{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(trained, scratch)  # tokenizer, chat template, generation config
+    for weights in scratch.glob("model*.safetensors*"):
+        weights.unlink()
+    model = build_model(preset, seed=seed)
+    grow_into(load_model(trained), model)
+    model.save_pretrained(scratch, safe_serialization=True)
+    summary_file = scratch / SUMMARY_FILE
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    summary.update(grown_from=str(trained), grown_to=preset, out_dir=str(target))
+    summary_file.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"[warm start] grown into the {preset} preset: {target}", flush=True)
+    if target.exists():
+        shutil.rmtree(target)  # incomplete (no config.json): a run stopped while writing
+    try:
+        scratch.rename(target)
+    except OSError:
         if not (target / "config.json").is_file():
             raise
         shutil.rmtree(scratch, ignore_errors=True)
