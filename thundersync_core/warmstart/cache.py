@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +73,18 @@ def _warm(
         if config.warm_start.cache_dir is not None:
             print(f"[warm start] reusing {target}", flush=True)
         return target
-    # Written beside the target and renamed into place: a folder at the target is complete.
-    _remove_abandoned_scratch(target)
-    scratch = target.with_name(f"{_scratch_prefix(target)}{os.getpid()}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    if not config.warm_start.enabled:
-        from thundersync_core.policy import build_model, build_tokenizer, save_policy  # noqa: PLC0415
 
-        model = build_model(config.policy.preset, seed=config.seed)
-        save_policy(model, build_tokenizer(vocab_size=model.config.vocab_size), scratch)
-    else:
+    def write(scratch: Path) -> None:
+        if not config.warm_start.enabled:
+            from thundersync_core.policy import (  # noqa: PLC0415
+                build_model,
+                build_tokenizer,
+                save_policy,
+            )
+
+            model = build_model(config.policy.preset, seed=config.seed)
+            save_policy(model, build_tokenizer(vocab_size=model.config.vocab_size), scratch)
+            return
         from thundersync_core.warmstart import warm_start  # noqa: PLC0415
         from thundersync_core.warmstart.sft import SUMMARY_FILE  # noqa: PLC0415
 
@@ -100,16 +102,8 @@ def _warm(
         summary["out_dir"] = str(target)
         (scratch / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         print(f"[warm start] {json.dumps(summary)}", flush=True)
-    if target.exists() and not (target / "config.json").is_file():
-        shutil.rmtree(target)  # incomplete: written in place by an older version, then stopped
-    try:
-        scratch.rename(target)
-    except OSError:
-        # Another run with the same key finished first: its folder is the same warm start.
-        if not (target / "config.json").is_file():
-            raise
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+
+    return _write_in_place(target, write)
 
 
 def _grown(trained: Path, preset: str, seed: int) -> Path:
@@ -117,30 +111,41 @@ def _grown(trained: Path, preset: str, seed: int) -> Path:
     target = trained.with_name(f"{trained.name}-{preset}")
     if (target / "config.json").is_file():
         return target
-    from thundersync_core.policy import build_model  # noqa: PLC0415
-    from thundersync_core.policy.grow import grow_into  # noqa: PLC0415
-    from thundersync_core.policy.io import load_model  # noqa: PLC0415
-    from thundersync_core.warmstart.sft import SUMMARY_FILE  # noqa: PLC0415
 
+    def write(scratch: Path) -> None:
+        from thundersync_core.policy import build_model  # noqa: PLC0415
+        from thundersync_core.policy.grow import grow_into  # noqa: PLC0415
+        from thundersync_core.policy.io import load_model  # noqa: PLC0415
+        from thundersync_core.warmstart.sft import SUMMARY_FILE  # noqa: PLC0415
+
+        shutil.copytree(trained, scratch)  # tokenizer, chat template, generation config
+        for weights in scratch.glob("model*.safetensors*"):
+            weights.unlink()
+        model = build_model(preset, seed=seed)
+        grow_into(load_model(trained), model)
+        model.save_pretrained(scratch, safe_serialization=True)
+        summary_file = scratch / SUMMARY_FILE
+        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+        summary.update(grown_from=str(trained), grown_to=preset, out_dir=str(target))
+        summary_file.write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"[warm start] grown into the {preset} preset: {target}", flush=True)
+
+    return _write_in_place(target, write)
+
+
+def _write_in_place(target: Path, write: Callable[[Path], None]) -> Path:
+    """``write`` a model folder beside ``target`` and rename it into place, so a folder at
+    the target is complete; ``target`` (another run's, the same) if it got there first."""
     _remove_abandoned_scratch(target)
     scratch = target.with_name(f"{_scratch_prefix(target)}{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
-    shutil.copytree(trained, scratch)  # tokenizer, chat template, generation config
-    for weights in scratch.glob("model*.safetensors*"):
-        weights.unlink()
-    model = build_model(preset, seed=seed)
-    grow_into(load_model(trained), model)
-    model.save_pretrained(scratch, safe_serialization=True)
-    summary_file = scratch / SUMMARY_FILE
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
-    summary.update(grown_from=str(trained), grown_to=preset, out_dir=str(target))
-    summary_file.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"[warm start] grown into the {preset} preset: {target}", flush=True)
-    if target.exists():
-        shutil.rmtree(target)  # incomplete (no config.json): a run stopped while writing
+    write(scratch)
+    if target.exists() and not (target / "config.json").is_file():
+        shutil.rmtree(target)  # incomplete: written in place by an older version, then stopped
     try:
         scratch.rename(target)
     except OSError:
+        # Another run with the same key finished first: its folder is the same model.
         if not (target / "config.json").is_file():
             raise
         shutil.rmtree(scratch, ignore_errors=True)
