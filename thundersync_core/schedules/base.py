@@ -187,8 +187,9 @@ def publish_weights(
     broadcast, checked when ``verify_publication``; or the file ``weights``, with
     ``lora_publication: adapter`` the adapter's folder); returns the time the engines had
     them and the bytes broadcast (None for a file or folder: an adapter's size is in the
-    learner's step record). ``in_flight`` (broadcast only): the engines take it at the
-    rollout's next generation round, with episodes under way."""
+    learner's step record). ``in_flight``: with episodes under way, the engines take it at
+    the rollout's next generation round (a file is queued for it; the time returned is
+    then the queueing's)."""
     import ray  # noqa: PLC0415
 
     if config.rollout.publication == "collective":
@@ -200,6 +201,9 @@ def publish_weights(
         if verify:
             check_publication(version, sent, reports)
         return float(ack), int(sent["bytes"])
+    if in_flight:
+        ray.get(rollout.publish.remote(weights, version))
+        return time.time(), None
     return float(ray.get(rollout.load_weights.remote(weights, version))), None
 
 

@@ -60,31 +60,28 @@ def run(ctx: RunContext, start: int, end: int) -> None:
         while current < end and len(finished[current]) == len(plans[current]):
             _hand_over(ctx, waiting.pop(current, []))
             learner = ray.get(ctx.roles.learner.step.remote(current))
-            sent = acknowledged = time.time()
-            if ctx.config.rollout.publication == "collective":
-                # Broadcast: the engines take it at the rollout's next round; awaited (about
-                # a round), as the learner sends until then and the next batch begins after.
-                acknowledged, learner["publication_bytes"] = publish_weights(
-                    ctx.config,
-                    ctx.roles.learner,
-                    ctx.roles.rollout,
-                    learner["policy_version"],
-                    learner["weights"],
-                    in_flight=True,
-                )
-            else:
-                # Queued for the engine's next round; awaited (a moment), so that nothing
-                # sent to the rollout role later, an evaluation above all, can overtake it.
-                ray.get(
-                    ctx.roles.rollout.publish.remote(learner["weights"], learner["policy_version"])
-                )
+            sent = time.time()
+            # Queued for the engines' next round (a file), or broadcast and taken there (the
+            # driver waits about a round: the learner sends until then); either way awaited,
+            # so that nothing sent to the rollout role later, an evaluation above all, and
+            # not the next batch's ``begin``, can overtake it.
+            acknowledged, sent_bytes = publish_weights(
+                ctx.config,
+                ctx.roles.learner,
+                ctx.roles.rollout,
+                learner["policy_version"],
+                learner["weights"],
+                in_flight=True,
+            )
+            if sent_bytes is not None:
+                learner["publication_bytes"] = sent_bytes
             # The next batches roll out during this step: theirs is rollout time as well.
             in_flight = ray.get(ctx.roles.rollout.in_flight_events.remote())
             later = [t for step, done in finished.items() if step > current for t in done]
             line = timeline(
                 current,
                 start_s=t0,
-                end_s=sent,
+                end_s=acknowledged,
                 learner=learner,
                 trajectories=finished[current] + later,
                 publication=(sent, acknowledged),
@@ -92,7 +89,7 @@ def run(ctx: RunContext, start: int, end: int) -> None:
             )
             if not ctx.on_step(StepOutcome(current, line, learner, finished.pop(current))):
                 return
-            current, t0 = current + 1, sent
+            current, t0 = current + 1, acknowledged
             if current < end:
                 ctx.roles.learner.begin.remote(ctx.groups(plans[current]))
         if current < end:
