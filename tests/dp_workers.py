@@ -26,6 +26,10 @@ from thundersync_core.parallel.data_parallel import (
 )
 from thundersync_core.parallel.dcp import load_group_checkpoint, save_group_checkpoint
 from thundersync_core.parallel.fsdp import build_train_state, load_sharded_state
+from thundersync_core.parallel.shared_groups import (
+    SharedGroupsGRPOLearner,
+    stream_shared_groups,
+)
 from thundersync_core.policy import build_model
 from thundersync_core.policy.io import load_model
 from thundersync_core.replay import interleave
@@ -253,6 +257,60 @@ def sharded_case(release: str) -> dict:
     return result
 
 
+def shared_case(burst: int, cap: int, dtype: torch.dtype) -> dict:
+    """GRPO over ranks that share their open groups (``SharedGroupsGRPOLearner``): ``burst``
+    trajectories land between tick plannings, at most ``cap`` groups open over all ranks.
+    The gradient rows, the objective, and the largest x1/x2 rows a rank held."""
+    model = build_model("micro", seed=3, dtype=dtype)
+    learner = SharedGroupsGRPOLearner(model, max_open_groups=cap)  # type: ignore[arg-type]
+    learner.sharded_grad = ShardedGradient(learner.params, dtype=learner.accum_dtype)
+    batch = grpo_batch(31)
+    peak = {"stats": 0, "open": 0}
+    run_tick = learner.run_tick
+
+    def tracked(entries, mine):
+        run_tick(entries, mine)
+        held = [t for g in learner._shared.values() for t in (g.x1 or []) + (g.x2 or [])]
+        peak["stats"] = max(peak["stats"], sum(t.numel() * t.element_size() for t in held))
+        peak["open"] = max(peak["open"], len(learner._shared))
+
+    learner.run_tick = tracked  # type: ignore[method-assign]
+    ticks = stream_shared_groups(
+        learner, arrivals("grpo", batch, 7), groups_of(batch), max_open_groups=cap, burst=burst
+    )
+    out = learner.finish()
+    return {
+        "grads": {k: v.clone() for k, v in out.grad_objective.items()},
+        "objective": out.objective,
+        "n_groups": out.n_groups,
+        "n_scored_tokens": out.n_scored_tokens,
+        "ticks": [[(e.rank, e.trajectory_id) for e in tick] for tick in ticks],
+        "peak_stats_bytes": peak["stats"],
+        "peak_open": peak["open"],
+        "param_bytes": sum(p.numel() * 8 for p in learner.params),  # float64 equivalent
+        "counters": out.counters,
+    }
+
+
+def shared_refusal_case() -> dict:
+    """Rank 1's trajectory in the first tick claims another policy version: it refuses, and
+    every rank refuses that tick at once (no wait in a reduction)."""
+    import dataclasses  # noqa: PLC0415
+
+    model = build_model("micro", seed=3, dtype=torch.float32)
+    learner = SharedGroupsGRPOLearner(model, max_open_groups=4)  # type: ignore[arg-type]
+    learner.sharded_grad = ShardedGradient(learner.params, dtype=learner.accum_dtype)
+    batch = grpo_batch(31)
+    sources = arrivals("grpo", batch, 7)
+    sources[1] = dataclasses.replace(sources[1], policy_version=5)
+    start = time.monotonic()
+    try:
+        stream_shared_groups(learner, sources, groups_of(batch), max_open_groups=4, burst=4)
+    except LearnerRefusal as exc:
+        return {"error": str(exc), "elapsed_s": time.monotonic() - start}
+    return {"error": None, "elapsed_s": time.monotonic() - start}
+
+
 def run_ranks(world: int, out: Path, cases: list[str], timeout_s: float = 240) -> dict:
     """Spawn ``world`` gloo ranks running ``cases``; {case: [rank 0's result, ...]}. A rank
     that fails raises here with its trace; ranks still running after ``timeout_s`` fail."""
@@ -302,6 +360,11 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, cases: list[str]) 
                 result = refusal_case()
             elif kind == "checkpoint":
                 result = checkpoint_case(out)
+            elif kind == "shared":
+                dtype = torch.float64 if args[2] == "fp64" else torch.float32
+                result = shared_case(int(args[0]), int(args[1]), dtype)
+            elif kind == "shared_refusal":
+                result = shared_refusal_case()
             elif kind == "sharded":
                 result = sharded_case(args[0])
             elif kind == "load":

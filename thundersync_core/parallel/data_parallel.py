@@ -130,19 +130,42 @@ class ShardedGradient:
         join the shards (a rank with nothing pending sends zeros)."""
         pending = self.pending
         self.pending = None
+        self.reduce_into(pending if pending is not None else [None] * len(self.shapes))
+
+    def reduce_into(
+        self,
+        grads: list[torch.Tensor | None],
+        targets: Sequence[torch.Tensor] | None = None,
+        coeff: float = 1.0,
+        *,
+        keep: bool = False,
+    ) -> None:
+        """Every rank calls with its whole tensors (None: zeros): ``coeff`` times their sum
+        over ranks is added to ``targets``, this rank's ``Shard(0)`` rows in the gradient's
+        layout (default: the shards). One tensor at a time; unless ``keep``, each of
+        ``grads`` is released (set to None) once sent, so no whole float32 copy outlives
+        its tensor."""
+        rows = self.shards if targets is None else targets
         for i, shape in enumerate(self.shapes):
             size = -(-shape[0] // self.world)
             dtype, device = self.dtype, self.device
             full = torch.zeros((size * self.world, *shape[1:]), dtype=dtype, device=device)
-            grad = pending[i] if pending is not None else None
+            grad = grads[i]
+            if not keep:
+                grads[i] = None
             if grad is not None:
                 full[: shape[0]].copy_(grad)
-                pending[i] = None  # type: ignore[index]
+                if coeff != 1.0:
+                    full.mul_(coeff)
             del grad
             out = torch.empty((size, *shape[1:]), dtype=dtype, device=device)
             dist.reduce_scatter_tensor(out, full, group=self.group)
             del full
-            self.shards[i].add_(out[: self.shards[i].shape[0]])
+            rows[i].add_(out[: rows[i].shape[0]])
+
+    def zeros_like_shards(self) -> list[torch.Tensor]:
+        """Zero tensors shaped as this rank's rows (a sharded statistic)."""
+        return [torch.zeros_like(shard) for shard in self.shards]
 
     def nbytes(self) -> int:
         held = [*self.shards, *(t for t in self.pending or [] if t is not None)]

@@ -269,7 +269,7 @@ class LearnerBase:
         totals = reducer.all_reduce(
             self._grad_sum,
             {
-                "groups": float(len(self._groups)),
+                "groups": float(self._local_group_count()),
                 "sources": float(self._n_sources),
                 "scored_tokens": float(self._n_scored_tokens),
                 "objective": self._objective_sum,
@@ -289,6 +289,10 @@ class LearnerBase:
             "weight_sum": totals["is_weight_sum"],
             "clipped": round(totals["is_clipped"]),
         }
+
+    def _local_group_count(self) -> int:
+        """Groups this rank adds to the batch's count at the barrier (its own)."""
+        return len(self._groups)
 
     def _n_groups(self) -> int:
         """Groups in the batch: this learner's, or every rank's once the barrier reduced them."""

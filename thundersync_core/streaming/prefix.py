@@ -6,6 +6,10 @@ at the proxies and leaves the gradient on them (the adjoint) instead of re-enter
 prefix. The caller accumulates adjoints in a ledger and calls ``replay`` once, which
 backpropagates the ledger through the prefix into the parameters: one prefix backward per
 group instead of one per trajectory, with the same result by linearity of the chain rule.
+
+``keep_graph=False`` keeps only the keys/values, not the prefix's graph: ``replay`` forwards
+the prefix again with its graph and backpropagates through that (one more prefix forward per
+group, and no prefix activations held while the group is open).
 """
 
 from __future__ import annotations
@@ -19,12 +23,19 @@ from thundersync_core.policy.logprobs import cache_from_flat, prefix_key_values
 
 
 class SharedPrefix:
-    def __init__(self, model: PreTrainedModel, prefix_ids: Sequence[int]) -> None:
+    def __init__(
+        self, model: PreTrainedModel, prefix_ids: Sequence[int], *, keep_graph: bool = True
+    ) -> None:
         device = next(model.parameters()).device
-        ids_T = torch.tensor(list(prefix_ids), dtype=torch.long, device=device)
-        kv = prefix_key_values(model, ids_T)
+        self._ids_T = torch.tensor(list(prefix_ids), dtype=torch.long, device=device)
+        self._model = model
+        self.keep_graph = keep_graph
+        with torch.set_grad_enabled(keep_graph and torch.is_grad_enabled()):
+            kv = prefix_key_values(model, self._ids_T)
         self._kv_flat: list[torch.Tensor] | None = [t for pair in kv for t in pair]
         self.proxies = [t.detach().requires_grad_(True) for t in self._kv_flat]
+        if not keep_graph:
+            self._kv_flat = []  # replayed by a new forward
         self.n_tokens = len(prefix_ids)
 
     @property
@@ -47,6 +58,8 @@ class SharedPrefix:
         if self._kv_flat is None:
             raise RuntimeError("prefix already replayed: its graph is freed")
         kv, self._kv_flat = self._kv_flat, None
+        if not self.keep_graph:
+            kv = [t for pair in prefix_key_values(self._model, self._ids_T) for t in pair]
         return backward_adjoints(kv, adjoints, params)
 
     def release(self) -> None:
