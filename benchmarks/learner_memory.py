@@ -9,8 +9,8 @@
    Qwen3-8B and Qwen3-32B) at W = 4, 8, 16 ranks, replicated and fsdp2, bfloat16 compute,
    8192 tokens per backward, k = 1, 2, 4, 8 open groups with release="trajectory" and
    release="group"; for fsdp2 also the same layout with the batch gradient sharded
-   (``learner_sharded_gradient``, built) and with the statistics and combination sharded
-   1/W on top (a projection: not built). A mark says which rows fit ``--gpu-gb``;
+   (``learner_sharded_gradient``) and with the k open groups shared by the ranks, their
+   statistics 1/W per rank (``learner_shared_groups``). A mark says which rows fit ``--gpu-gb``;
    ``configs/cluster_grpo.yaml``'s layout with Qwen3-8B is reported below the table.
    LoRA (r = 16 and 64 on q,k,v,o,gate,up,down; float32 adapters over a bfloat16 base) at
    W = 1 (replicated) to 8 (fsdp2): the sync learner (one row per backward) beside the
@@ -68,6 +68,7 @@ from thundersync_core.parallel.data_parallel import (
     init_process_group,
 )
 from thundersync_core.parallel.fsdp import ShardedState, TrainState, build_train_state
+from thundersync_core.parallel.shared_groups import SharedGroupsGRPOLearner, TickPlanner
 from thundersync_core.perfmodel.memory import (
     GB,
     LORA_TARGETS,
@@ -89,8 +90,8 @@ CLUSTER_CONFIG = ROOT / "configs/cluster_grpo.yaml"
 MIB = 1 << 20
 #: Every allocation above this is its own mapping, returned to the system when freed.
 MMAP_THRESHOLD_BYTES = 65536
-#: A table row's layouts: full fine-tuning, the sharded gradient, the projection.
-_KEYS = ("full_bytes", "sharded_gradient_bytes", "sharded_streaming_state_bytes")
+#: A table row's layouts: full fine-tuning, the sharded gradient, shared groups.
+_KEYS = ("full_bytes", "sharded_gradient_bytes", "shared_groups_bytes")
 #: LoRA's table: adapter ranks, learner ranks (W = 1 replicated, more fsdp2), open groups.
 LORA_RANKS = (16, 64)
 LORA_WORLDS = (1, 2, 4, 8)
@@ -102,7 +103,7 @@ def table_rows(
     shape: ModelShape, *, gpu_bytes: int, tokens: int, prefix_tokens: int, group_size: int
 ) -> list[dict[str, Any]]:
     """One row per (W, sharding, release, k): full fine-tuning, the sharded gradient and the
-    projection."""
+    shared groups (release="trajectory")."""
     rows = []
     for world in (4, 8, 16):
         for sharding in ("replicated", "fsdp2"):
@@ -128,16 +129,17 @@ def table_rows(
                     "full_terms": full.terms,
                     "sharded_gradient_bytes": None,
                     "sharded_gradient_peak_phase": None,
-                    "sharded_streaming_state_bytes": None,
+                    "shared_groups_bytes": None,
                 }
                 if sharding == "fsdp2":
                     sharded = memory_per_gpu(shape, replace(layout, sharded_gradient=True))
                     row["sharded_gradient_bytes"] = sharded.total_bytes
                     row["sharded_gradient_peak_phase"] = sharded.peak_phase
-                    projected = memory_per_gpu(
-                        shape, replace(layout, sharded_gradient=True, sharded_streaming_state=True)
+                if sharding == "fsdp2" and release == "trajectory":
+                    shared = memory_per_gpu(
+                        shape, replace(layout, sharded_gradient=True, shared_groups=True)
                     )
-                    row["sharded_streaming_state_bytes"] = projected.total_bytes
+                    row["shared_groups_bytes"] = shared.total_bytes
                 row["fits"] = {key: row[key] is not None and row[key] <= gpu_bytes for key in _KEYS}
                 rows.append(row)
     return rows
@@ -150,11 +152,11 @@ def print_table(
         f"\n{name}: {shape.parameter_count / 1e9:.2f} B parameters, bfloat16 compute, "
         f"{args.tokens} tokens per backward, {args.prefix_tokens}-token prompts, groups of "
         f"{args.group_size}.\nGB per GPU, * fits {args.gpu_gb:g} GB; sharded grad: fsdp2 with "
-        "the batch gradient sharded (built); projection: and the statistics 1/W (not built)"
+        "the batch gradient sharded; shared: and k groups shared by the ranks, statistics 1/W"
     )
     print(
         f"{'W':>3} {'sharding':<10} {'release':<10} {'k':>2} {'full FT':>9} {'peak in':<14}"
-        f" {'sharded grad':>13} {'projection':>11}"
+        f" {'sharded grad':>13} {'shared':>11}"
     )
     for r in rows:
         cells = []
@@ -173,8 +175,8 @@ def print_table(
 def verdict(shape: ModelShape, args: argparse.Namespace) -> dict[str, Any]:
     """Does full fine-tuning with 4 open groups per rank fit 8 GPUs: with today's layout
     (fsdp2, the batch gradient and statistics whole on every rank), with release="group",
-    with the batch gradient sharded (built; either release), and with the statistics
-    sharded too (projection); and up to how many tokens per backward."""
+    with the batch gradient sharded (either release), and with the 4 groups shared by the
+    ranks (their statistics 1/W per rank); and up to how many tokens per backward."""
     today = LearnerLayout(
         world_size=8,
         sharding="fsdp2",
@@ -193,7 +195,7 @@ def verdict(shape: ModelShape, args: argparse.Namespace) -> dict[str, Any]:
         ("today_release_group", replace(today, release="group")),
         ("sharded_gradient", sharded),
         ("sharded_gradient_release_group", replace(sharded, release="group")),
-        ("sharded_streaming_state_projection", replace(sharded, sharded_streaming_state=True)),
+        ("shared_groups", replace(sharded, shared_groups=True)),
     ):
         estimate = memory_per_gpu(shape, layout)
         out[label] = {
@@ -384,6 +386,8 @@ class Case:
     lora_rank: int = 0
     #: ``sync``: the sync learner, one row (prompt and response) per backward.
     learner: Literal["streaming", "sync"] = "streaming"
+    #: Open groups shared by the ranks (``open_groups`` over all of them), in ticks.
+    shared_groups: bool = False
 
     def model_args(self) -> dict[str, int]:
         return {
@@ -407,6 +411,7 @@ class Case:
             prefix_tokens=self.prompt_tokens - 1,
             group_size=self.group_size,
             sharded_gradient=self.sharded_gradient,
+            shared_groups=self.shared_groups,
             adamw_foreach=False,
             lora=LoraSpec(self.lora_rank, LORA_TARGETS) if self.lora_rank else None,
             learner=self.learner,
@@ -437,6 +442,14 @@ CASES = (
     Case(
         "sharded fp32 group", 2, "fsdp2", "float32", 1, "group", 1024, 4, 16384, 128,
         group_size=3, sharded_gradient=True,
+    ),
+    Case(
+        "shared fp32 k2", 2, "fsdp2", "float32", 2, "trajectory", 1024, 4, 16384, 128,
+        group_size=4, sharded_gradient=True, extra_groups=1, shared_groups=True,
+    ),
+    Case(
+        "shared bf16 k4", 2, "fsdp2", "bfloat16", 4, "trajectory", 512, 8, 16384, 512,
+        group_size=2, sharded_gradient=True, shared_groups=True,
     ),
 )  # fmt: skip
 
@@ -490,7 +503,9 @@ def _batch(case: Case, step: int) -> list[Trajectory]:
     open (and the extra groups' sources held)."""
 
     rng = random.Random(step)
-    n_groups = (case.open_groups + case.extra_groups) * case.world_size
+    # Shared groups: ``open_groups`` over all ranks; otherwise per rank.
+    per = 1 if case.shared_groups else case.world_size
+    n_groups = (case.open_groups + case.extra_groups) * per
     groups = []
     for g in range(n_groups):
         prompt = tuple(rng.randrange(case.vocab) for _ in range(case.prompt_tokens))
@@ -538,6 +553,8 @@ def _step(
     sizes = {gid: sum(t.group_id == gid for t in batch) for gid in order}
     if world > 1:
         learner.reducer = ProcessGroupReducer()
+    if isinstance(learner, SharedGroupsGRPOLearner):
+        return _shared_step(learner, state, batch, rank, world)
     learner.begin_batch({})
     statistics = held = 0
     routed = dict.fromkeys(order, 0)
@@ -569,6 +586,39 @@ def _step(
     return tracked
 
 
+def _shared_step(
+    learner: SharedGroupsGRPOLearner,
+    state: TrainState,
+    batch: list[Trajectory],
+    rank: int,
+    world: int,
+) -> dict[str, int]:
+    """One step of shared groups as the learner group drives it: every rank registers every
+    group and runs the same ticks (all landed trajectories planned at once)."""
+    specs: dict[str, GroupSpec] = {}
+    for traj in batch:
+        specs.setdefault(traj.group_id, GroupSpec(traj.prompt_ids, 0))
+        specs[traj.group_id] = GroupSpec(traj.prompt_ids, specs[traj.group_id].size + 1)
+    learner.begin_batch(specs)
+    planner = TickPlanner(world, learner.max_open_groups, {g: s.size for g, s in specs.items()})
+    for traj in batch:
+        planner.add(traj)
+    statistics = 0
+    while tick := planner.next_tick():
+        mine = [traj for entry, traj in tick if entry.rank == rank]
+        learner.run_tick([entry for entry, _ in tick], mine)
+        statistics = max(statistics, learner.live_statistics_bytes())
+    result = learner.finish()
+    assert isinstance(state, ShardedState)
+    state.clip_shards(1.0, result.grad_objective, -1.0)
+    tracked = {"group_statistics": statistics, "accumulator": learner.accumulator_bytes()}
+    tracked["pending"] = 0
+    tracked |= state.state_bytes()
+    state.apply()
+    learner.policy_version += 1
+    return tracked
+
+
 def _measure(case: Case, rank: int) -> dict[str, Any]:
     gc.collect()
     _trim_heap()
@@ -584,7 +634,8 @@ def _measure(case: Case, rank: int) -> dict[str, Any]:
         row = case.prompt_tokens + case.response_tokens
         learner = SyncGRPOLearner(state.model, micro_batch_tokens=row)  # type: ignore[arg-type]
     else:
-        learner = StreamingGRPOLearner(
+        kind = SharedGroupsGRPOLearner if case.shared_groups else StreamingGRPOLearner
+        learner = kind(
             state.model,  # type: ignore[arg-type]
             max_open_groups=case.open_groups,
             release=case.release,
@@ -770,13 +821,15 @@ def render_doc(report: dict[str, Any]) -> str:
         "`learner_sharded_gradient` (built): the batch gradient held as each rank's rows, what "
         "closes add waiting whole in float32 for the flush after each group's last trajectory "
         "(with release=trajectory also through the backwards of held sources a close admits). "
-        "*projection*: on top of it the group statistics and a close's combination sharded "
-        "1/W, with k groups that every rank shares (a rank's own groups sharded over the ranks "
-        "would leave each rank 1/W of W k groups: no saving); not built. Generated by "
+        "*shared*: on top of it `learner_shared_groups`: the k open groups shared by every "
+        "rank, each rank holding 1/W of their statistics, trajectories handed to the ranks in "
+        "lockstep ticks, a close added straight into the gradient's rows and the prompt "
+        "forwarded again for its replay (a rank's own groups sharded over the ranks would "
+        "leave each rank 1/W of W k groups: no saving). Generated by "
         "`benchmarks/learner_memory.py --out docs/bench/learner_memory.json`, then "
         "`--render-doc docs/bench/learner_memory.json`."
     )
-    header = " | ".join(f"{n}: full / sharded / projection" for n in names)
+    header = " | ".join(f"{n}: full / sharded / shared" for n in names)
     lines = ["## Learner memory", "", textwrap.fill(intro, 92), ""]
     lines += [f"| sharding | release | k | {header} |", "|---|---|---|" + "---|" * len(names)]
     rows = {n: [r for r in models[n]["rows"] if r["world_size"] == 8] for n in names}
@@ -792,13 +845,25 @@ def render_doc(report: dict[str, Any]) -> str:
     checks = [c for c in report.get("checks", []) if not c["case"].get("lora_rank")]
     if checks:
         worst = max(checks, key=lambda c: abs(c["relative_error"]))
-        exact = all(t["model"] == t["measured"] for c in checks for t in c["tracked"].values())
+        # Shared groups' prompt statistics are counted on every rank: an upper bound.
+        exact = all(
+            t["model"] == t["measured"]
+            for c in checks
+            for name, t in c["tracked"].items()
+            if not (c["case"].get("shared_groups") and name == "group_statistics")
+        )
+        shared = [
+            c["tracked"]["group_statistics"] for c in checks if c["case"].get("shared_groups")
+        ]
+        bound = max((t["model"] / t["measured"] - 1 for t in shared), default=0.0)
         summary = (
             f"Checked on CPU ({len({c['case']['name'] for c in checks})} small learners on 1 and "
             "2 gloo ranks, both releases, float32 and bfloat16, with and without the sharded "
-            "gradient, held sources included): the model's weight, gradient, optimizer, "
-            "accumulator, statistics and pending bytes "
-            f"{'equal' if exact else 'differ from'} the learner's own counters, and its peak is "
+            "gradient, with shared groups, held sources included): the model's weight, "
+            "gradient, optimizer, accumulator, statistics and pending bytes "
+            f"{'equal' if exact else 'differ from'} the learner's own counters (shared "
+            "groups' statistics: an upper bound, counting every open group's prompt statistics "
+            f"on every rank, {bound:+.1%}), and its peak is "
             f"within {abs(worst['relative_error']):.1%} of the measured peak resident set "
             f"(worst: {worst['case']['name']}, {worst['relative_error']:+.1%}). On a GPU the "
             "allocator's cache, the CUDA context and NCCL buffers come on top."
@@ -944,8 +1009,8 @@ def _doc_bullet(name: str, v: dict[str, Any], rows: list[dict[str, Any]], gpu_gb
         + f"); release=group {_doc_verdict(v['today_release_group'])}. With the sharded "
         f"gradient it {_doc_verdict(sharded)} (a rank that never holds sources: "
         f"{sharded['without_held_sources_bytes'] / GB:.0f} GB), release=group "
-        f"{_doc_verdict(v['sharded_gradient_release_group'])}; the projection "
-        f"{_doc_verdict(v['sharded_streaming_state_projection'])}."
+        f"{_doc_verdict(v['sharded_gradient_release_group'])}; with the 4 groups shared by "
+        f"the ranks it {_doc_verdict(v['shared_groups'])}."
     )
     return textwrap.fill(bullet, 92, initial_indent="- ", subsequent_indent="  ")
 
@@ -962,7 +1027,7 @@ def _doc_cluster(cluster: dict[str, Any]) -> str:
         f"{cluster['model']} ({configured['layout']}) needs about "
         f"{_doc_gb(configured['total_bytes'])} per GPU; with `grpo_release: group` about "
         f"{_doc_gb(group['total_bytes'])}: the open groups' statistics, whole on every rank, "
-        "are what the projection would shard."
+        "are what `learner_shared_groups` shards."
     )
 
 
@@ -1023,8 +1088,10 @@ def model_report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measured_report(which: str) -> dict[str, Any]:
-    """The CPU check of ``which`` cases (all, full or lora), printed and returned."""
-    cases = {"all": (*CASES, *LORA_CASES), "full": CASES, "lora": LORA_CASES}[which]
+    """The CPU check of ``which`` cases (all, full, lora or shared), printed and returned."""
+    shared = tuple(case for case in CASES if case.shared_groups)
+    cases = {"all": (*CASES, *LORA_CASES), "full": CASES, "lora": LORA_CASES, "shared": shared}
+    cases = cases[which]
     t0 = time.perf_counter()
     checks = run_checks(cases)
     print_checks(checks)
@@ -1047,7 +1114,10 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--skip-measure", action="store_true", help="the table only")
     parser.add_argument(
-        "--checks", choices=("all", "full", "lora"), default="all", help="which CPU cases run"
+        "--checks",
+        choices=("all", "full", "lora", "shared"),
+        default="all",
+        help="which CPU cases run",
     )
     parser.add_argument("--out", type=Path, help="write the table and the checks as JSON")
     parser.add_argument("--render-doc", type=Path, help="print the doc section of a --out JSON")

@@ -303,6 +303,13 @@ class TrainConfig(_Strict):
     #: closed groups added after each group's last trajectory (in step: a rank may wait
     #: there for the others). Saves 4 (W-1)/W bytes per parameter on every rank.
     learner_sharded_gradient: bool = False
+    #: GRPO over fsdp2 ranks with the sharded gradient: every rank shares every open group,
+    #: whose two statistics it holds 1/W of (instead of whole groups per rank, their
+    #: statistics whole); landed trajectories go to the ranks in lockstep ticks, one per
+    #: rank, and ``max_open_groups`` bounds the groups open over all ranks
+    #: (``parallel/shared_groups.py``). Needs grpo_release: trajectory, learner_order:
+    #: arrival.
+    learner_shared_groups: bool = False
     #: The learner's compute dtype; ``bfloat16`` is mixed precision: the forward and
     #: backward run on a bfloat16 replica, the accumulators, master weights and optimizer
     #: stay float32 (at one rank and at several, either sharding).
@@ -329,6 +336,17 @@ class TrainConfig(_Strict):
             raise ValueError(
                 "learner_sharded_gradient shards GRPO's batch gradient over fsdp2 ranks: it "
                 "needs objective: grpo, learner_sharding: fsdp2 and resources.learner.ranks >= 2"
+            )
+        if self.learner_shared_groups and not (
+            self.learner_sharded_gradient
+            and self.grpo_release == "trajectory"
+            and self.learner_order == "arrival"
+            and not (self.schedule == "sync" and self.sync_learner == "batched")
+        ):
+            raise ValueError(
+                "learner_shared_groups shares open GRPO groups' statistics over the ranks: it "
+                "needs learner_sharded_gradient: true, grpo_release: trajectory, "
+                "learner_order: arrival and (under sync) sync_learner: per-source"
             )
         if self.learner_order == "fixed" and self.objective != "grpo":
             raise ValueError(

@@ -42,8 +42,9 @@ def ray_session():
         ray.shutdown()
 
 
-def config_for(ranks: int, *, sharded: bool = False) -> TrainConfig:
-    """``sharded``: fsdp2 ranks holding the batch gradient 1/W each (flushed per group)."""
+def config_for(ranks: int, *, sharded: bool = False, shared: bool = False) -> TrainConfig:
+    """``sharded``: fsdp2 ranks holding the batch gradient 1/W each (flushed per group);
+    ``shared``: and the open groups shared by the ranks, their statistics 1/W each."""
     learner = LearnerResources(num_cpus=1.0, cores=(), ranks=ranks)
     return TrainConfig(
         objective="grpo",
@@ -53,14 +54,20 @@ def config_for(ranks: int, *, sharded: bool = False) -> TrainConfig:
         max_open_groups=2,
         learner_sharding="fsdp2" if sharded else "replicated",
         learner_sharded_gradient=sharded,
+        learner_shared_groups=shared,
         resources=ResourcesConfig(learner=learner, learner_peak_flops=1e9),
     )
 
 
-@pytest.mark.parametrize("sharded", [False, True], ids=["whole-accumulators", "sharded-gradient"])
+@pytest.mark.parametrize(
+    "layout",
+    ["whole", "sharded", "shared"],
+    ids=["whole-accumulators", "sharded-gradient", "shared-groups"],
+)
 def test_two_rank_group_takes_the_single_process_step(
-    ray_session, micro_model_dir, tmp_path, sharded
+    ray_session, micro_model_dir, tmp_path, layout
 ):
+    sharded = layout != "whole"
     ray = ray_session
     batch = random_batch(seed=17, vocab=1024, n_groups=3, group_size=3)
     groups = {g: (spec.prompt_ids, spec.size) for g, spec in groups_of(batch).items()}
@@ -71,7 +78,7 @@ def test_two_rank_group_takes_the_single_process_step(
         single.submit(traj, None)
     expected = single.step(0)
 
-    two = config_for(2, sharded=sharded)
+    two = config_for(2, sharded=sharded, shared=layout == "shared")
     group_role = two.resources.learner.model_copy(update={"num_cpus": 0.0})
     group = remote_role(LearnerGroup, group_role).remote(
         micro_model_dir, two, publish_dir=tmp_path / "group", timeout_s=60.0
@@ -91,6 +98,10 @@ def test_two_rank_group_takes_the_single_process_step(
     assert got["policy_version"] == expected["policy_version"] == 1
     assert got["n_sources"] == expected["n_sources"] == len(batch)
     assert got["counters"]["groups_closed"] == 3
+    if layout == "shared":  # lockstep ticks, each group's statistics reduce-scattered
+        assert 0 < got["counters"]["ticks"] <= len(batch)
+        assert got["counters"]["trajectory_backwards"] == len(batch)
+        assert got["counters"]["stat_reductions"] >= got["counters"]["ticks"]
     assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
     assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
     before = load_file(str(micro_model_dir / "model.safetensors"))

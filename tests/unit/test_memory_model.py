@@ -454,14 +454,16 @@ def test_pending_phases_by_release_follow_the_flush_points():
         assert by_trajectory[phase]["pending"] == pending, phase
     assert by_group["backward"]["pending"] == by_group["group_close"]["pending"] == 0
     assert by_group["prompt_replay"]["pending"] == by_group["flush"]["pending"] == pending
-    # Whole gradient and projection: nothing pending, no flush.
-    for layout in (
-        replace(base, sharded_gradient=False),
-        replace(base, sharded_streaming_state=True),
-    ):
-        phases = memory_per_gpu(shape, layout).phases
-        assert "flush" not in phases
-        assert all(terms.get("pending", 0) == 0 for terms in phases.values())
+    # Whole gradient: nothing pending, no flush. Shared groups: nothing pending; their
+    # flush is a tick's reduction, holding the tick's gradient.
+    phases = memory_per_gpu(shape, replace(base, sharded_gradient=False)).phases
+    assert "flush" not in phases
+    assert all(terms.get("pending", 0) == 0 for terms in phases.values())
+    shared = memory_per_gpu(shape, replace(base, shared_groups=True)).phases
+    assert all(terms["pending"] == 0 for name, terms in shared.items() if "pending" in terms)
+    assert shared["flush"]["held_gradients"] == 2 * shape.parameter_count  # bfloat16
+    with pytest.raises(ValueError, match="shared_groups needs"):
+        LearnerLayout(world_size=2, sharding="fsdp2", shared_groups=True)
     with pytest.raises(ValueError, match="fsdp2"):
         LearnerLayout(world_size=2, sharded_gradient=True)
 

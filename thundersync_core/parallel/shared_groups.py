@@ -186,7 +186,7 @@ class SharedGroupsGRPOLearner(StreamingGRPOLearner):
                 f"learner rank(s) {refusing} refused a tick of trajectories "
                 f"{[e.trajectory_id for e in entries][:5]} (their errors say why)"
             )
-        self._stats["ticks"] += 1
+        self._stats["ticks"] += int(rank == 0)  # counters are summed over ranks: once
         n_params = len(self.params)
         touched = sorted({e.group_id for e in entries})
         for gid in touched:
@@ -286,7 +286,7 @@ class SharedGroupsGRPOLearner(StreamingGRPOLearner):
             if tid in group.scores
         )
         self._objective_sum += objective
-        self._stats["groups_closed"] += 1
+        self._stats["groups_closed"] += int(self._rank() == 0)
         coeff_x1, coeff_x2 = close_coefficients(group.rewards, shift)
         if coeff_x1 == 0.0 and coeff_x2 == 0.0:  # uniform rewards: every rank skips alike
             return

@@ -98,12 +98,23 @@ between and the peak is the larger end.
 (W-1)/W while a close waits for its flush, so the sharded gradient lowers the peak by
 4 P (W-1)/W only where no phase at that peak holds pending (release="group": its backwards;
 release="trajectory" bounds a backward with held sources admitted before a flush).
-``sharded_streaming_state`` (a projection, not built) shards, on top of it, the statistics,
-the combination and its temporaries 1/W; a close then adds its rows straight into the
-shards, so nothing is pending. That needs ranks that share their groups (each rank a 1/W
-slice of all k open groups, its trajectories spread over the ranks in lockstep packs):
-sharding each rank's own k groups over the ranks would leave every rank 1/W of W k groups,
-the same bytes as today.
+``shared_groups`` (``learner_shared_groups``, built on the sharded gradient,
+``parallel/shared_groups.py``): the k open groups are shared by every rank (k over all
+ranks, not per rank), each rank holding its ``Shard(0)`` rows of their statistics. Sharding
+each rank's own k groups would leave every rank 1/W of W k groups: the same bytes. Its
+terms differ from the above:
+
+    group_statistics    k (8 sum_t ceil(r_t / W) n_t + 8 K)  the statistics' rows, and the
+                                   prompt proxies' statistics whole (on the ranks that ran
+                                   some of the group: the upper bound counts every rank)
+    prompt_graphs       k c K      each open group's prompt keys and values, no graph: the
+                                   replay forwards the prompt again (A_p, in temporaries)
+    held_gradients      c (P+K)    in flush: a tick's gradient while it is reduce-scattered
+                                   into the rows (the tick's collective)
+    pending, combination 0         a close adds a x1 + b x2 of its rows in place, straight
+                                   into the batch gradient's rows
+    temporaries         max(A_p, flush buffers) in prompt_replay: the prompt's forward
+                                   again, then its replay's reduce-scatter
 
 Not modelled: allocator caching and fragmentation on the GPU, CUDA context and NCCL
 buffers, the load at start-up (the float32 model and its copy), pack rows (a pack of B rows
@@ -177,7 +188,7 @@ PHASES: dict[str, tuple[str, ...]] = {
     "backward": (*_RESIDENT, *_STREAMING, "activations", "transient_gradient"),
     "group_close": (*_RESIDENT, *_STREAMING, "combination", "temporaries"),
     "prompt_replay": (*_RESIDENT, *_STREAMING, "combination", "replay_gradient", "temporaries"),
-    "flush": (*_RESIDENT, *_STREAMING[:-1], "flush_buffers"),
+    "flush": (*_RESIDENT, *_STREAMING, "flush_buffers"),
     "barrier": (*_RESIDENT, "accumulator", "replica_grads"),
     "optimizer_step": (*_RESIDENT, "accumulator", "grads", "step_transient"),
 }
@@ -454,10 +465,10 @@ class LearnerLayout:
     #: ``learner_sharded_gradient`` (built, fsdp2): the batch gradient held as this rank's
     #: ``Shard(0)`` rows, closes added into a whole pending buffer until the next flush.
     sharded_gradient: bool = False
-    #: A projection, not built: on top of the sharded gradient, the statistics and a close's
-    #: combination held 1/W per rank too (a close adds its rows straight into the shards);
-    #: ``open_groups`` are then groups every rank shares, not each rank's own.
-    sharded_streaming_state: bool = False
+    #: ``learner_shared_groups`` (built, with the sharded gradient): the statistics held 1/W
+    #: per rank too (a close adds its rows straight into the shards); ``open_groups`` are
+    #: then groups every rank shares, not each rank's own.
+    shared_groups: bool = False
     #: torch's AdamW takes its foreach path on CUDA and a loop over tensors on CPU.
     adamw_foreach: bool = True
     #: ``sync``: the sync learner, one whole row (prompt and response) per backward; it
@@ -479,18 +490,18 @@ class LearnerLayout:
             raise ValueError(f"release must be 'trajectory' or 'group', got {self.release!r}")
         if self.sharded_gradient and self.sharding != "fsdp2":
             raise ValueError("sharded_gradient holds the fsdp2 master's rows: needs fsdp2")
+        if self.shared_groups and not (self.sharded_gradient and self.release == "trajectory"):
+            raise ValueError("shared_groups needs sharded_gradient and release='trajectory'")
         if self.learner not in ("streaming", "sync"):
             raise ValueError(f"learner must be 'streaming' or 'sync', got {self.learner!r}")
-        if self.learner == "sync" and (
-            self.packs or self.sharded_gradient or self.sharded_streaming_state
-        ):
+        if self.learner == "sync" and (self.packs or self.sharded_gradient or self.shared_groups):
             raise ValueError("the sync learner is modelled without packs or sharded gradients")
 
     def describe(self) -> str:
         lora = f" lora r={self.lora.rank}" if self.lora else ""
         packs = " packs" if self.packs else ""
         sharded = " sharded gradient" if self.sharded_gradient else ""
-        projected = " sharded streaming state (projection)" if self.sharded_streaming_state else ""
+        projected = " shared groups" if self.shared_groups else ""
         groups = f"k={self.open_groups}" if self.release == "trajectory" else "one group"
         learner = f"release={self.release} {groups}"
         if self.learner == "sync":
@@ -621,7 +632,7 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
         "master": master,
         "optimizer": _ceil_div(8 * p, shards) + 4 * trained.tensors,
     }
-    by_rows = layout.sharded_gradient or layout.sharded_streaming_state
+    by_rows = layout.sharded_gradient or layout.shared_groups
     accumulator = 4 * _shard_rows_elements(trained.rows, layout.world_size) if by_rows else 4 * p
     phases = {"begin_batch": resident | {"accumulator": accumulator}}
     if layout.learner == "sync":
@@ -633,9 +644,8 @@ def memory_per_gpu(shape: ModelShape, layout: LearnerLayout) -> MemoryEstimate:
             | _backward(shape, layout, c, g * p, trained)
         )
     else:
-        phases |= _streaming_phases(
-            shape, layout, c, trained, resident=resident, accumulator=accumulator
-        )
+        streaming = _shared_phases if layout.shared_groups else _streaming_phases
+        phases |= streaming(shape, layout, c, trained, resident=resident, accumulator=accumulator)
     phases["barrier"] = resident | {
         "accumulator": accumulator,
         "replica_grads": 0 if by_rows else (g if replica else 4) * p,
@@ -664,21 +674,19 @@ def _streaming_phases(
     accumulator: int,
 ) -> dict[str, dict[str, int]]:
     """The streaming learner's backward, close, replay and flush (module docstring)."""
-    projected = layout.sharded_streaming_state
-    spread = layout.world_size if projected else 1
     p = trained.parameters
     kv = shape.prompt_kv_elements(layout.prefix_tokens)
     streamed = p + kv
     by_trajectory = layout.release == "trajectory"
     # What a close adds waits, whole and float32, for the next flush (after every group's
-    # last trajectory); the projection adds its rows straight into the shards.
-    pending = 4 * p if layout.sharded_gradient and not projected else 0
+    # last trajectory).
+    pending = 4 * p if layout.sharded_gradient else 0
     groups = layout.open_groups if by_trajectory else 1
     prompt_graph = shape.prompt_graph_bytes(c, layout.prefix_tokens, layout.lora)
     streaming = {
         "accumulator": accumulator,
         "pending": 0,
-        "group_statistics": groups * _ceil_div(8 * streamed, spread) if by_trajectory else 0,
+        "group_statistics": groups * 8 * streamed if by_trajectory else 0,
         "prompt_graphs": groups * prompt_graph,
     }
     # Per trajectory, a close admits held sources at once: their backwards, and their
@@ -688,12 +696,12 @@ def _streaming_phases(
     # release="group" adds each backward's gradient into the first one's, in place.
     held = 0 if by_trajectory or layout.group_size < 2 else transient
     held_at_close = 0 if by_trajectory and not layout.packs else transient
-    closing = {"held_gradients": held_at_close, "combination": _ceil_div(4 * streamed, spread)}
+    closing = {"held_gradients": held_at_close, "combination": 4 * streamed}
     # The largest streamed tensor: a trained one, or one layer's prompt keys.
     largest = max(trained.largest, shape.kv_width * layout.prefix_tokens)
-    largest_fp32 = 4 * _ceil_div(largest, spread)
+    largest_fp32 = 4 * largest
     # A float32 copy of a lower-precision gradient tensor as it is added to float32 sums.
-    cast = 4 * _ceil_div(trained.largest, spread) if trained.element_bytes != 4 else 0
+    cast = 4 * trained.largest if trained.element_bytes != 4 else 0
     phases = {
         "backward": resident
         | before_flush
@@ -715,9 +723,52 @@ def _streaming_phases(
         phases["flush"] = (
             resident
             | streaming
-            | {"pending": pending, "flush_buffers": _flush_bytes(trained.rows, layout.world_size)}
+            | {
+                "pending": pending,
+                "held_gradients": 0,
+                "flush_buffers": _flush_bytes(trained.rows, layout.world_size),
+            }
         )
     return phases
+
+
+def _shared_phases(
+    shape: ModelShape,
+    layout: LearnerLayout,
+    c: int,
+    trained: _Trained,
+    *,
+    resident: dict[str, int],
+    accumulator: int,
+) -> dict[str, dict[str, int]]:
+    """Shared groups' backward, tick reduction (``flush``), close and replay (module
+    docstring): statistics as rows, no prompt graph held, nothing pending."""
+    p, k, world = trained.parameters, layout.open_groups, layout.world_size
+    kv = shape.prompt_kv_elements(layout.prefix_tokens)
+    rows = _shard_rows_elements(trained.rows, world)
+    streaming = {
+        "accumulator": accumulator,
+        "pending": 0,
+        "group_statistics": k * (8 * rows + 8 * kv),
+        "prompt_graphs": k * c * kv,
+        "held_gradients": 0,
+    }
+    transient = trained.element_bytes * p + c * kv
+    flush = _flush_bytes(trained.rows, world)
+    prompt_graph = shape.prompt_graph_bytes(c, layout.prefix_tokens, layout.lora)
+    closing = {"combination": 0}
+    return {
+        "backward": resident | streaming | _backward(shape, layout, c, transient, trained),
+        "group_close": resident | streaming | closing | {"temporaries": 0},
+        "prompt_replay": resident
+        | streaming
+        | closing
+        | {
+            "replay_gradient": trained.element_bytes * trained.replay,
+            "temporaries": max(prompt_graph, flush),
+        },
+        "flush": resident | streaming | {"held_gradients": transient, "flush_buffers": flush},
+    }
 
 
 def _shard_rows_elements(rows: list[tuple[int, int]], world: int) -> int:
@@ -762,6 +813,7 @@ def layout_of(config: Any) -> LearnerLayout:
         group_size=config.group_size,
         packs=config.packs,
         sharded_gradient=config.learner_sharded_gradient,
+        shared_groups=config.learner_shared_groups,
         lora=None if lora is None else LoraSpec(lora.r, tuple(lora.target_modules)),
     )
 

@@ -24,6 +24,8 @@ so every rank refuses at once. The ranks sit in one placement group, rank r in b
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,7 @@ from thundersync_core.parallel.data_parallel import (
     init_process_group,
     predicted_tokens,
 )
+from thundersync_core.parallel.shared_groups import TickEntry, TickPlanner
 from thundersync_core.policy.io import load_model, load_tokenizer
 from thundersync_core.runtime.learner_worker import LearnerWorker, build_learner, learner_device
 from thundersync_core.runtime.placement import Reservation, in_bundle, pin_to_cores
@@ -171,6 +174,18 @@ class LearnerRank(LearnerWorker):
         assert self.learner.sharded_grad is not None
         self.learner.sharded_grad.flush()
 
+    def tick(self, entries: list[TickEntry], mine: list[tuple[Trajectory, float | None]]) -> None:
+        """Every rank, the same ``entries`` (shared groups): this rank's trajectory, if the
+        tick hands it one, then the tick's reductions and closes."""
+        t0 = time.time()
+        trajs = [traj for traj, _ in mine]
+        self._guarded(lambda each: self.learner.run_tick(entries, each), trajs)  # type: ignore[attr-defined]
+        for traj, release_s in mine:
+            self._record(t0, traj.trajectory_id, release_s, traj.group_id)
+            self._count_whole(traj)
+        if not mine:  # the tick's collectives: busy time of this rank too
+            self.intervals.append((t0, time.time()))
+
     def refusal(self) -> str | None:
         """The first refusal recorded while sources streamed in (checked before the barrier)."""
         return self._error
@@ -266,6 +281,19 @@ class LearnerGroup:
         self._routed: dict[str, int] = {}
         self._flush = config.learner_sharded_gradient
         self._error: str | None = None
+        #: Shared groups: landed trajectories wait in the planner; a dispatcher thread hands
+        #: out the next tick whenever the last one is done on every rank.
+        self._shared = config.learner_shared_groups
+        self._open_cap = (
+            config.max_open_groups if config.schedule == "thundersync" else config.groups_per_step
+        )
+        self._planner: TickPlanner | None = None
+        self._releases: dict[str, float | None] = {}
+        self._ticking = False
+        self._stalled = False
+        self._cv = threading.Condition()
+        if self._shared:
+            threading.Thread(target=self._dispatch_ticks, daemon=True).start()
 
     def pid(self) -> int:
         """The facade's process id (its ranks are owned by it and die with it)."""
@@ -285,10 +313,21 @@ class LearnerGroup:
         self._groups = dict(groups)
         self._routed = {}
         self._error = None
+        if self._shared:  # every rank registers every group
+            sizes = {g: size for g, (_, size) in groups.items()}
+            with self._cv:
+                self._planner = TickPlanner(len(self.ranks), self._open_cap, sizes)
+                self._releases = {}
+                self._stalled = False
+            versions = _get_all([r.begin.remote(groups) for r in self.ranks])
+            return int(versions[0])
         versions = _get_all([r.begin.remote({}) for r in self.ranks])
         return int(versions[0])
 
     def submit(self, traj: Trajectory, release_s: float | None = None) -> None:
+        if self._shared:
+            self._plan(traj, release_s)
+            return
         rank = self._route(traj)
         if rank is not None:
             rank.submit.remote(traj, release_s)
@@ -304,6 +343,61 @@ class LearnerGroup:
 
     def submit_scored(self, scored: tuple[Trajectory, float]) -> None:
         self.submit(*scored)
+
+    # -- shared groups: lockstep ticks ------------------------------------------------------
+    def _plan(self, traj: Trajectory, release_s: float | None) -> None:
+        with self._cv:
+            if self._error is not None or self._planner is None:
+                return
+            try:
+                self._planner.add(traj)
+            except LearnerRefusal as exc:
+                self._error = str(exc)
+                raise
+            self._releases[traj.trajectory_id] = release_s
+            self._stalled = False  # the dispatcher plans again before a step may go
+            self._cv.notify_all()
+
+    def _dispatch_ticks(self) -> None:
+        """The dispatcher: the next tick as soon as the last is done on every rank (those
+        that landed meanwhile go together, one per rank)."""
+        while True:
+            with self._cv:
+                tick: list[tuple[TickEntry, Trajectory]] = []
+                while not tick:
+                    planner = self._planner
+                    if self._error is None and planner is not None and planner.pending:
+                        tick = planner.next_tick()
+                        self._stalled = not tick
+                        if tick:
+                            break
+                    self._cv.notify_all()
+                    self._cv.wait()
+                self._ticking = True
+                entries = [entry for entry, _ in tick]
+                mine: list[list[tuple[Trajectory, float | None]]] = [[] for _ in self.ranks]
+                for entry, traj in tick:
+                    mine[entry.rank].append((traj, self._releases.pop(traj.trajectory_id, None)))
+            try:
+                _get_all([r.tick.remote(entries, m) for r, m in zip(self.ranks, mine, strict=True)])
+            except Exception as exc:  # every rank refused the tick, or one died: stop ticking
+                with self._cv:
+                    self._error = f"tick of {[e.trajectory_id for e in entries][:5]}: {exc}"
+            finally:
+                with self._cv:
+                    self._ticking = False
+                    self._cv.notify_all()
+
+    def _drain_ticks(self) -> None:
+        """Wait until every planned tick ran (or one failed, or the rest cannot go)."""
+        with self._cv:
+            while self._ticking or (
+                self._error is None
+                and self._planner is not None
+                and self._planner.pending
+                and not self._stalled
+            ):
+                self._cv.wait()
 
     def _route(self, source: Trajectory | Turn) -> Any:
         """The rank actor holding the source's group (chosen now for a new group)."""
@@ -324,18 +418,29 @@ class LearnerGroup:
     def step(self, step: int) -> dict[str, Any]:
         import ray  # noqa: PLC0415
 
+        if self._shared:
+            self._drain_ticks()
+        # Refusals recorded while streaming are raised before any rank enters the barrier.
+        for rank, error in enumerate(ray.get([r.refusal.remote() for r in self.ranks])):
+            if error is not None:
+                raise LearnerRefusal(f"step {step}: rank {rank}: {error}")
         if self._error is not None:
             raise LearnerRefusal(f"step {step}: {self._error}")
+        if self._shared:
+            assert self._planner is not None
+            if self._planner.pending:
+                held = [t.trajectory_id for t in self._planner.waiting][:5]
+                raise LearnerRefusal(
+                    f"step {step}: not safe to step: trajectories {held} are held behind "
+                    f"{len(self._planner.open_groups())} open group(s) still missing sources"
+                )
+            return merge_rank_metrics(_get_all([r.step.remote(step) for r in self.ranks]))
         unrouted = sorted(set(self._groups) - set(self.assigner.rank_of))
         if unrouted:
             raise LearnerRefusal(
                 f"step {step}: not safe to step: {len(unrouted)} group(s) received no source: "
                 f"{unrouted[:5]}"
             )
-        # Refusals recorded while streaming are raised before any rank enters the barrier.
-        for rank, error in enumerate(ray.get([r.refusal.remote() for r in self.ranks])):
-            if error is not None:
-                raise LearnerRefusal(f"step {step}: rank {rank}: {error}")
         return merge_rank_metrics(_get_all([r.step.remote(step) for r in self.ranks]))
 
     def weights_and_version(self) -> tuple[str, int]:

@@ -60,6 +60,19 @@ def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> 
         if batched:
             return SyncGRPOLearner(model, loss_agg=config.loss_agg, policy_version=version)  # type: ignore[arg-type]
         cap = config.max_open_groups if config.schedule == "thundersync" else config.groups_per_step
+        if config.learner_shared_groups:
+            from thundersync_core.parallel.shared_groups import (  # noqa: PLC0415
+                SharedGroupsGRPOLearner,
+            )
+
+            return SharedGroupsGRPOLearner(
+                model,  # type: ignore[arg-type]
+                loss_agg=config.loss_agg,
+                max_open_groups=cap,
+                policy_version=version,
+                max_lag=lag,
+                is_clip=is_clip,
+            )
         return StreamingGRPOLearner(
             model,  # type: ignore[arg-type]
             loss_agg=config.loss_agg,
