@@ -1020,7 +1020,8 @@ def _doc_cluster(cluster: dict[str, Any]) -> str:
     return (
         "`resources.learner.gpu_memory_gb` (GB of one learner GPU) makes a GRPO run check its "
         "layout against this model at start, before anything is reserved or loaded: ranks, "
-        "`learner_sharding`, `learner_sharded_gradient`, `learner_dtype`, `max_open_groups`, "
+        "`learner_sharding`, `learner_sharded_gradient`, `learner_shared_groups`, "
+        "`learner_dtype`, `max_open_groups`, "
         "`grpo_release`, a backward of `learner_pack_tokens` or `rollout.max_total_tokens` "
         "after a prompt of the rest of `rollout.max_model_len`; a layout that does not fit is "
         f"refused naming every term in GB. By it, `configs/{cluster['config']}` with "

@@ -257,6 +257,34 @@ def sharded_case(release: str) -> dict:
     return result
 
 
+def opd_sharded_case() -> dict:
+    """Streaming OPD over fsdp2 ranks with the batch gradient sharded, flushed after every
+    turn (a tick of one turn, as the learner group runs OPD turns): the gradient rows, the
+    objective, and the most gradient bytes a rank held between ticks."""
+    model = build_model("micro", seed=3, dtype=torch.float32)
+    build_train_state(model, sharding="fsdp2", lr=LR)
+    learner = StreamingOPDLearner(model)
+    learner.sharded_grad = ShardedGradient(learner.params, dtype=learner.accum_dtype)
+    batch = opd_batch()
+    held = [0]
+    flush = learner.sharded_grad.flush
+
+    def tracked() -> None:
+        flush()
+        held[0] = max(held[0], learner.accumulator_bytes())
+
+    learner.sharded_grad.flush = tracked  # type: ignore[method-assign]
+    stream_rank(learner, batch, arrivals("opd", batch, 1))
+    out = learner.finish()
+    return {
+        "grads": {k: v.clone() for k, v in out.grad_objective.items()},
+        "objective": out.objective,
+        "sharded": out.sharded,
+        "held_bytes": held[0],
+        "param_bytes": sum(p.numel() * 4 for p in learner.params),
+    }
+
+
 def shared_case(burst: int, cap: int, dtype: torch.dtype) -> dict:
     """GRPO over ranks that share their open groups (``SharedGroupsGRPOLearner``): ``burst``
     trajectories land between tick plannings, at most ``cap`` groups open over all ranks.
@@ -363,6 +391,8 @@ def rank_main(rank: int, world: int, port: int, out_dir: str, cases: list[str]) 
             elif kind == "shared":
                 dtype = torch.float64 if args[2] == "fp64" else torch.float32
                 result = shared_case(int(args[0]), int(args[1]), dtype)
+            elif kind == "opd_sharded":
+                result = opd_sharded_case()
             elif kind == "shared_refusal":
                 result = shared_refusal_case()
             elif kind == "sharded":

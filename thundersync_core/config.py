@@ -298,10 +298,11 @@ class TrainConfig(_Strict):
     #: and optimizer on every rank; ``fsdp2`` shards master weights, gradients and optimizer
     #: state with FSDP2 beside a full compute replica (see ``parallel/fsdp.py``).
     learner_sharding: Literal["replicated", "fsdp2"] = "replicated"
-    #: GRPO over fsdp2 ranks: the batch gradient held 1/W per rank (each rank's rows of its
+    #: Over fsdp2 ranks: the batch gradient held 1/W per rank (each rank's rows of its
     #: FSDP2 shards) instead of whole on every rank; the ranks reduce-scatter what their
     #: closed groups added after each group's last trajectory (in step: a rank may wait
-    #: there for the others). Saves 4 (W-1)/W bytes per parameter on every rank.
+    #: there for the others), or, for OPD turns, after each lockstep tick of turns (one
+    #: per rank). Saves 4 (W-1)/W bytes per parameter on every rank.
     learner_sharded_gradient: bool = False
     #: GRPO over fsdp2 ranks with the sharded gradient: every rank shares every open group,
     #: whose two statistics it holds 1/W of (instead of whole groups per rank, their
@@ -329,23 +330,22 @@ class TrainConfig(_Strict):
         if self.rollout.max_tokens_per_turn > self.rollout.max_total_tokens:
             raise ValueError("rollout.max_tokens_per_turn must be <= rollout.max_total_tokens")
         if self.learner_sharded_gradient and (
-            self.objective != "grpo"
-            or self.learner_sharding != "fsdp2"
-            or self.resources.learner.ranks < 2
+            self.learner_sharding != "fsdp2" or self.resources.learner.ranks < 2
         ):
             raise ValueError(
-                "learner_sharded_gradient shards GRPO's batch gradient over fsdp2 ranks: it "
-                "needs objective: grpo, learner_sharding: fsdp2 and resources.learner.ranks >= 2"
+                "learner_sharded_gradient shards the batch gradient over fsdp2 ranks: it "
+                "needs learner_sharding: fsdp2 and resources.learner.ranks >= 2"
             )
         if self.learner_shared_groups and not (
-            self.learner_sharded_gradient
+            self.objective == "grpo"
+            and self.learner_sharded_gradient
             and self.grpo_release == "trajectory"
             and self.learner_order == "arrival"
             and not (self.schedule == "sync" and self.sync_learner == "batched")
         ):
             raise ValueError(
                 "learner_shared_groups shares open GRPO groups' statistics over the ranks: it "
-                "needs learner_sharded_gradient: true, grpo_release: trajectory, "
+                "needs objective: grpo, learner_sharded_gradient: true, grpo_release: trajectory, "
                 "learner_order: arrival and (under sync) sync_learner: per-source"
             )
         if self.learner_order == "fixed" and self.objective != "grpo":

@@ -133,11 +133,12 @@ def step_record(
             if learner["is_stats"]["tokens"]
             else None
         ),
-        # Packed learners: backwards run over packs, and the trajectories they covered.
+        # Packed learners: backwards run over packs, and the trajectories they covered;
+        # shared groups: the lockstep ticks that handed trajectories to the ranks.
         **{
             key: int(value)
             for key, value in (learner.get("counters") or {}).items()
-            if key in ("pack_backwards", "packed_trajectories")
+            if key in ("pack_backwards", "packed_trajectories", "ticks")
         },
         "peak_memory_learner_bytes": learner["peak_memory_bytes"],
         "peak_memory_rollout_bytes": rollout_bytes,

@@ -11,6 +11,7 @@ one-process learner with the group's weights.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -18,9 +19,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import random_batch, reference_grad_j
+from tests.helpers import multi_turn_batch, random_batch, reference_grad_j
+from thundersync_core.batch import turns_of
 from thundersync_core.config import LearnerResources, ResourcesConfig, TrainConfig
+from thundersync_core.objectives.opd import split_by_turn
 from thundersync_core.policy.io import load_model
+from thundersync_core.replay import interleave
 from thundersync_core.runtime.learner_group import LearnerGroup
 from thundersync_core.runtime.learner_worker import LearnerWorker
 from thundersync_core.runtime.placement import remote_role
@@ -131,6 +135,45 @@ def test_two_rank_group_takes_the_single_process_step(
     assert resumed.version() == 1
     for name, param in resumed.model.named_parameters():
         assert torch.equal(param.detach(), after_group[name]), name
+    ray.kill(group)
+
+
+def test_opd_turns_over_ranks_with_the_sharded_gradient_take_the_single_process_step(
+    ray_session, micro_model_dir, tmp_path
+):
+    """OPD turns in lockstep ticks (one turn per rank, every rank flushing the sharded batch
+    gradient after each): the step of one process."""
+    ray = ray_session
+    batch = multi_turn_batch(seed=5, vocab=1024, n_groups=3, group_size=2)
+    groups = {g: (spec.prompt_ids, spec.size) for g, spec in groups_of(batch).items()}
+    turns = list(interleave({t.trajectory_id: turns_of(t, split_by_turn(t)) for t in batch},
+                            random.Random(2)))  # fmt: skip
+
+    def opd(ranks: int) -> TrainConfig:
+        base = config_for(ranks, sharded=ranks > 1)
+        return base.model_copy(update={"objective": "opd"})
+
+    single = LearnerWorker(micro_model_dir, opd(1), publish_dir=tmp_path / "single")
+    single.begin(groups)
+    for turn in turns:
+        single.submit_turn((turn, None))
+    expected = single.step(0)
+
+    two = opd(2)
+    role = two.resources.learner.model_copy(update={"num_cpus": 0.0})
+    group = remote_role(LearnerGroup, role).remote(
+        micro_model_dir, two, publish_dir=tmp_path / "group", timeout_s=60.0
+    )
+    ray.get(group.begin.remote(groups))
+    for turn in turns:
+        group.submit_turn.remote((turn, None))
+    got = ray.get(group.step.remote(0), timeout=120)
+    assert got["n_sources"] == expected["n_sources"] == len(turns)
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+    held = [b["accumulators"] for b in ray.get(group.state_bytes.remote())]
+    whole = single.learner.accumulator_bytes()
+    assert all(0 < b <= whole / 2 * 1.05 for b in held), (held, whole)
     ray.kill(group)
 
 

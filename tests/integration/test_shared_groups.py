@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests import dp_workers
-from tests.helpers import reference_grad_j, rel_diff
+from tests.helpers import reference_grad_j, reference_grad_l, rel_diff
 from thundersync_core.batch import Segment, Trajectory
 from thundersync_core.parallel.data_parallel import shard_rows
 from thundersync_core.parallel.shared_groups import TickPlanner
@@ -24,7 +24,13 @@ from thundersync_core.streaming import LearnerRefusal
 pytestmark = pytest.mark.integration
 
 #: (burst, open groups over all ranks, dtype)
-CASES = ["shared:1:1:fp64", "shared:3:2:fp64", "shared:4:4:fp32", "shared_refusal"]
+CASES = [
+    "shared:1:1:fp64",
+    "shared:3:2:fp64",
+    "shared:4:4:fp32",
+    "shared_refusal",
+    "opd_sharded",
+]
 TOLERANCE = {"fp64": 1e-10, "fp32": 1e-5}
 
 
@@ -74,6 +80,22 @@ def test_a_refusing_rank_stops_every_rank_at_once(ranks):
             assert error is not None
             assert "rank(s) [1] refused a tick" in error
     assert max(r["elapsed_s"] for r in results["shared_refusal"]) < 30
+
+
+def test_opd_turns_with_the_sharded_gradient_give_the_batch_gradient(ranks):
+    """OPD's parameter side over ranks: whole groups per rank (their key/value ledgers), the
+    batch gradient 1/W per rank, flushed after every turn: no rank holds it whole."""
+    world, results = ranks
+    per_rank = results["opd_sharded"]
+    batch = dp_workers.opd_batch()
+    model = build_model("micro", seed=3, dtype=torch.float32)
+    objective, reference = reference_grad_l(model, batch)
+    stacked = {name: torch.cat([r["grads"][name] for r in per_rank], dim=0) for name in reference}
+    assert rel_diff(reference, stacked) <= TOLERANCE["fp32"]
+    for r in per_rank:
+        assert r["sharded"]
+        assert r["objective"] == pytest.approx(objective, rel=TOLERANCE["fp32"])
+        assert 0 < r["held_bytes"] <= r["param_bytes"] / world * 1.05
 
 
 def _traj(group: str, index: int, reward: float) -> Trajectory:

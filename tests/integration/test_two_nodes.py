@@ -2,7 +2,9 @@
 --head`` and a second raylet joining it, each node with its own CPUs. The driver is the
 ``thundersync train`` CLI joining through ``RAY_ADDRESS``. Two vLLM engines and two learner
 ranks (gloo) are each spread over both nodes (``strict_spread``), and every step's weights
-reach both engines by collective publication, verified on each engine.
+reach both engines by collective publication, verified on each engine. The learner is laid
+out as on a cluster: fsdp2 ranks with the batch gradient sharded and the open groups shared by
+the ranks (``learner_shared_groups``).
 
 The engines sample what one engine does and the update is the one-process learner's: the
 session's sync reference on one vLLM engine (file publication, one learner process) sampled
@@ -130,7 +132,11 @@ def test_thundersync_on_two_nodes_updates_as_one_process(
         schedule="thundersync",
         steps=STEPS,
         lr=LR,
-        learner_order="fixed",
+        # The cluster's learner layout: fsdp2 ranks, the batch gradient sharded, the open
+        # groups shared by the ranks (their statistics 1/W each, trajectories in ticks).
+        learner_sharding="fsdp2",
+        learner_sharded_gradient=True,
+        learner_shared_groups=True,
         rollout__engine="vllm",
         rollout__publication="collective",
         rollout__verify_publication=True,
@@ -175,6 +181,8 @@ def test_thundersync_on_two_nodes_updates_as_one_process(
             for run in (uninterrupted_vllm_run, out)
         ]
         assert batches[0] == batches[1], f"step {step}: the two-node run sampled other tokens"
+        # Shared groups: the trajectories went to the ranks in lockstep ticks, one per rank.
+        assert len(batches[1]) / 2 <= two["ticks"] <= len(batches[1]), two["ticks"]
     # Each publication carried the whole model in the engines' dtype (float32 on CPU); the
     # one-engine file run sent none.
     n_params = sum(
@@ -187,8 +195,10 @@ def test_thundersync_on_two_nodes_updates_as_one_process(
     # AdamW's first update, lr * g / (|g| + eps), two ranks against one process. Two ranks
     # sum in another order, so an entry whose gradient is within rounding of zero may move
     # either way: the updates must agree to 1e-5 lr wherever the plain reference gradient
-    # of the first batch is clear of zero, or exactly zero (rows of tokens the batch never
-    # saw: weight decay alone), and hardly any entry may differ at all. An update is read
+    # of the first batch is clear of zero (above 1e-4 of its largest entry: an entry near
+    # 1e-5 of it carries a float32 sum-order error of ~1e-3 of itself, and AdamW's first
+    # step passes eps / |g| of that on, ~1e-5 lr), or exactly zero (rows of tokens the batch
+    # never saw: weight decay alone), and hardly any entry may differ at all. An update is read
     # back as new weight minus old, each rounded to float32, so two updates that agree to
     # 1e-5 lr can still read one unit in the last place of the weight apart.
     before = load_file(str(solver_policy_dir / "model.safetensors"))
@@ -196,9 +206,9 @@ def test_thundersync_on_two_nodes_updates_as_one_process(
     first = read_batch(uninterrupted_vllm_run / "batches" / "step-000000.jsonl")
     _, grads = reference_grad_j(load_model(solver_policy_dir), first, "token-mean")
     largest = max(float(g.abs().max()) for g in grads.values())
-    compared = nonzero = differ = total = 0
+    compared = nonzero = differ = differ_off_zero = total = 0
     for name, grad in grads.items():
-        clear = grad.abs() > 1e-5 * largest
+        clear = grad.abs() > 1e-4 * largest
         kept = clear | (grad == 0)
         update_one, update_two = one[name] - before[name], two[name] - before[name]
         ulp = torch.finfo(torch.float32).eps * torch.maximum(before[name].abs(), one[name].abs())
@@ -206,7 +216,13 @@ def test_thundersync_on_two_nodes_updates_as_one_process(
         assert (update_one[clear].abs() > 0.5 * LR).all(), f"{name}: the step must move it"
         compared += int(clear.sum())
         nonzero += int((grad != 0).sum())
-        differ += int(((update_two - update_one).abs() > 1e-5 * LR).sum())
+        moved = (update_two - update_one).abs() > 1e-5 * LR
+        differ += int(moved.sum())
+        differ_off_zero += int((moved & (grad.abs() >= 1e-6 * largest)).sum())
         total += grad.numel()
-    assert compared / nonzero > 0.8, f"only {compared} of {nonzero} entries clear of zero"
-    assert differ / total < 1e-3, f"{differ} of {total} entries moved otherwise"
+    assert compared / nonzero > 0.7, f"only {compared} of {nonzero} entries clear of zero"
+    # Entries within rounding of zero (below 1e-6 of the largest) take AdamW's first step by
+    # their sign, which two sum orders may flip (about 0.1% of the entries here); beyond
+    # them hardly any entry may move otherwise.
+    assert differ / total < 3e-3, f"{differ} of {total} entries moved otherwise"
+    assert differ_off_zero / total < 1e-3, f"{differ_off_zero} of {total} off zero moved otherwise"

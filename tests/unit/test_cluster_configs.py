@@ -60,4 +60,11 @@ def test_the_qwen3_8b_config_speaks_qwen_and_fits(tmp_path):
     assert (rollout.action_format, rollout.tool_call_format) == ("tool_calls", "hermes")
     assert rollout.enable_thinking is True
     assert (rollout.temperature, rollout.top_p, rollout.top_k) == (0.6, 0.95, 20)
-    check_config_fits(config, _policy(tmp_path, "qwen3-8b"))
+    # Per-trajectory release with 4 open groups fits because the ranks share the groups.
+    assert (config.grpo_release, config.max_open_groups) == ("trajectory", 4)
+    assert config.learner_shared_groups
+    policy = _policy(tmp_path, "qwen3-8b")
+    check_config_fits(config, policy)
+    whole = config.model_copy(update={"learner_shared_groups": False})
+    with pytest.raises(ValueError, match=r"does not fit: .* group_statistics 264\.5"):
+        check_config_fits(whole, policy)

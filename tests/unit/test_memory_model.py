@@ -487,6 +487,30 @@ def test_layout_of_picks_up_the_sharded_gradient_from_the_config():
         - memory_per_gpu(shape, layout_of(sharded)).phases["begin_batch"]["accumulator"]
     )
     assert saved == pytest.approx(3 / 4 * 4 * shape.parameter_count, rel=1e-4)
+    # Shared groups: 1/W of each open group's two float32 statistics on every rank.
+    shared = sharded.model_copy(update={"learner_shared_groups": True, "max_open_groups": 2})
+    assert layout_of(shared).shared_groups
+    statistics = memory_per_gpu(shape, layout_of(shared)).phases["backward"]["group_statistics"]
+    kv = shape.prompt_kv_elements(layout_of(shared).prefix_tokens)
+    rows = statistics / 2 - 8 * kv
+    assert rows == pytest.approx(8 * shape.parameter_count / 4, rel=1e-3)
+
+
+def test_shared_groups_are_refused_without_what_they_build_on():
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from thundersync_core.config import TrainConfig  # noqa: PLC0415
+
+    learner = {"num_gpus": 2, "ranks": 2}
+    for missing in (
+        {"learner_sharded_gradient": False},
+        {"grpo_release": "group"},
+        {"learner_order": "fixed"},
+        {"schedule": "sync", "sync_learner": "batched"},
+    ):
+        fields = {"learner_sharding": "fsdp2", "learner_sharded_gradient": True} | missing
+        with pytest.raises(ValidationError, match=r"learner_shared_groups shares .* needs"):
+            TrainConfig(learner_shared_groups=True, resources={"learner": learner}, **fields)
 
 
 # -- LoRA: float32 adapters over a frozen base --------------------------------------------------

@@ -223,7 +223,8 @@ def stream_rank_share(
     the same assigner over the same arrival order, so the ranks agree on the split without
     talking. ``forced`` pins groups to ranks. Returns this rank's groups in arrival order.
     A learner with a sharded gradient flushes it on every rank after each group's last
-    trajectory (GRPO), as the learner group does.
+    trajectory (GRPO), or after every turn (OPD: a tick of one turn), as the learner group
+    does.
     """
     routed: dict[str, int] = {}
     assigner = GroupAssigner(world_size)
@@ -243,7 +244,8 @@ def stream_rank_share(
             else:
                 learner.submit(source)  # type: ignore[attr-defined]
         routed[gid] = routed.get(gid, 0) + 1
-        if learner.sharded_grad is not None and routed[gid] == specs[gid].size:
+        closes = isinstance(source, Turn) or routed[gid] == specs[gid].size
+        if learner.sharded_grad is not None and closes:
             learner.sharded_grad.flush()
     return mine
 

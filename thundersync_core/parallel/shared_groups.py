@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -110,6 +111,33 @@ class TickPlanner:
             entry = TickEntry(len(tick), gid, traj.trajectory_id, traj.reward)
             tick.append((entry, traj))
         return tick
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.waiting)
+
+
+class TurnTickPlanner:
+    """OPD turns over ranks that hold whole groups, with the batch gradient sharded: a tick
+    hands each rank at most one of its turns (the earliest waiting), and every rank flushes
+    the sharded gradient after it, so no whole gradient waits past one turn. A rank's turns
+    keep their arrival order (a trajectory's turns are on one rank, in order)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.waiting: list[tuple[int, Any]] = []
+
+    def add(self, rank: int, payload: Any) -> None:
+        self.waiting.append((rank, payload))
+
+    def next_tick(self) -> list[tuple[TickEntry, Any]]:
+        taken: dict[int, Any] = {}
+        for item in list(self.waiting):
+            rank, payload = item
+            if rank not in taken:
+                taken[rank] = payload
+                self.waiting.remove(item)
+        return [(TickEntry(r, "", "", 0.0), taken[r]) for r in sorted(taken)]
 
     @property
     def pending(self) -> bool:
@@ -358,4 +386,10 @@ def stream_shared_groups(
     return ticks
 
 
-__all__ = ["SharedGroupsGRPOLearner", "TickEntry", "TickPlanner", "stream_shared_groups"]
+__all__ = [
+    "SharedGroupsGRPOLearner",
+    "TickEntry",
+    "TickPlanner",
+    "TurnTickPlanner",
+    "stream_shared_groups",
+]

@@ -40,7 +40,12 @@ from thundersync_core.parallel.data_parallel import (
     init_process_group,
     predicted_tokens,
 )
-from thundersync_core.parallel.shared_groups import TickEntry, TickPlanner
+from thundersync_core.parallel.shared_groups import (
+    SharedGroupsGRPOLearner,
+    TickEntry,
+    TickPlanner,
+    TurnTickPlanner,
+)
 from thundersync_core.policy.io import load_model, load_tokenizer
 from thundersync_core.runtime.learner_worker import LearnerWorker, build_learner, learner_device
 from thundersync_core.runtime.placement import Reservation, in_bundle, pin_to_cores
@@ -174,17 +179,41 @@ class LearnerRank(LearnerWorker):
         assert self.learner.sharded_grad is not None
         self.learner.sharded_grad.flush()
 
-    def tick(self, entries: list[TickEntry], mine: list[tuple[Trajectory, float | None]]) -> None:
+    def tick(self, entries: list[TickEntry], mine: list[Any]) -> None:
         """Every rank, the same ``entries`` (shared groups): this rank's trajectory, if the
-        tick hands it one, then the tick's reductions and closes."""
+        tick hands it one, then the tick's reductions and closes. OPD turns (``mine``: this
+        rank's turn, its release time and its group's spec when new): the turn, then the
+        sharded gradient's flush, which every rank takes even when its turn was refused."""
+        if not isinstance(self.learner, SharedGroupsGRPOLearner):
+            self._turn_tick(mine)
+            return
         t0 = time.time()
         trajs = [traj for traj, _ in mine]
-        self._guarded(lambda each: self.learner.run_tick(entries, each), trajs)  # type: ignore[attr-defined]
+        self._guarded(lambda each: self.learner.run_tick(entries, each), trajs)
         for traj, release_s in mine:
             self._record(t0, traj.trajectory_id, release_s, traj.group_id)
             self._count_whole(traj)
         if not mine:  # the tick's collectives: busy time of this rank too
             self.intervals.append((t0, time.time()))
+
+    def _turn_tick(self, mine: list[tuple[Turn, float | None, tuple | None]]) -> None:
+        from thundersync_core.streaming.base import GroupSpec  # noqa: PLC0415
+
+        assert self.learner.sharded_grad is not None
+        refusal: Exception | None = None
+        for turn, release_s, spec in mine:
+            try:
+                if spec is not None:
+                    self.learner.add_groups({turn.group_id: GroupSpec(*spec)})
+                self.submit_turn((turn, release_s))
+            except (LearnerRefusal, ValueError) as exc:
+                self._error = self._error or str(exc)
+                refusal = exc
+        t0 = time.time()
+        self.learner.sharded_grad.flush()
+        self.intervals.append((t0, time.time()))
+        if refusal is not None:
+            raise refusal
 
     def refusal(self) -> str | None:
         """The first refusal recorded while sources streamed in (checked before the barrier)."""
@@ -287,12 +316,15 @@ class LearnerGroup:
         self._open_cap = (
             config.max_open_groups if config.schedule == "thundersync" else config.groups_per_step
         )
-        self._planner: TickPlanner | None = None
+        self._planner: TickPlanner | TurnTickPlanner | None = None
         self._releases: dict[str, float | None] = {}
         self._ticking = False
         self._stalled = False
         self._cv = threading.Condition()
-        if self._shared:
+        #: OPD turns with the sharded gradient: ticks of one turn per rank, each followed
+        #: by every rank's flush (whole trajectories still flush after each group).
+        self._turn_ticks = config.objective == "opd" and config.learner_sharded_gradient
+        if self._shared or self._turn_ticks:
             threading.Thread(target=self._dispatch_ticks, daemon=True).start()
 
     def pid(self) -> int:
@@ -321,6 +353,10 @@ class LearnerGroup:
                 self._stalled = False
             versions = _get_all([r.begin.remote(groups) for r in self.ranks])
             return int(versions[0])
+        if self._turn_ticks:
+            with self._cv:
+                self._planner = TurnTickPlanner(len(self.ranks))
+                self._stalled = False
         versions = _get_all([r.begin.remote({}) for r in self.ranks])
         return int(versions[0])
 
@@ -337,6 +373,24 @@ class LearnerGroup:
                     each.flush.remote()
 
     def submit_turn(self, scored: tuple[Turn, float]) -> None:
+        if self._turn_ticks:
+            turn, release_s = scored
+            with self._cv:
+                if self._error is not None or self._planner is None:
+                    return
+                spec = self._groups.get(turn.group_id)
+                if spec is None:
+                    self._error = (
+                        f"trajectory {turn.trajectory_id!r}: group {turn.group_id!r} is not "
+                        "registered in this batch"
+                    )
+                    raise LearnerRefusal(self._error)
+                rank, new = self.assigner.assign(turn.group_id, predicted_tokens(turn), spec[1])
+                assert isinstance(self._planner, TurnTickPlanner)
+                self._planner.add(rank, (turn, release_s, spec if new else None))
+                self._stalled = False
+                self._cv.notify_all()
+            return
         rank = self._route(scored[0])
         if rank is not None:
             rank.submit_turn.remote(scored)
@@ -349,6 +403,7 @@ class LearnerGroup:
         with self._cv:
             if self._error is not None or self._planner is None:
                 return
+            assert isinstance(self._planner, TickPlanner)
             try:
                 self._planner.add(traj)
             except LearnerRefusal as exc:
@@ -363,7 +418,7 @@ class LearnerGroup:
         that landed meanwhile go together, one per rank)."""
         while True:
             with self._cv:
-                tick: list[tuple[TickEntry, Trajectory]] = []
+                tick: list[tuple[TickEntry, Any]] = []
                 while not tick:
                     planner = self._planner
                     if self._error is None and planner is not None and planner.pending:
@@ -375,14 +430,18 @@ class LearnerGroup:
                     self._cv.wait()
                 self._ticking = True
                 entries = [entry for entry, _ in tick]
-                mine: list[list[tuple[Trajectory, float | None]]] = [[] for _ in self.ranks]
-                for entry, traj in tick:
-                    mine[entry.rank].append((traj, self._releases.pop(traj.trajectory_id, None)))
+                mine: list[list[Any]] = [[] for _ in self.ranks]
+                for entry, source in tick:
+                    if isinstance(source, Trajectory):  # shared groups: with its release
+                        release_s = self._releases.pop(source.trajectory_id, None)
+                        mine[entry.rank].append((source, release_s))
+                    else:
+                        mine[entry.rank].append(source)
             try:
                 _get_all([r.tick.remote(entries, m) for r, m in zip(self.ranks, mine, strict=True)])
             except Exception as exc:  # every rank refused the tick, or one died: stop ticking
                 with self._cv:
-                    self._error = f"tick of {[e.trajectory_id for e in entries][:5]}: {exc}"
+                    self._error = f"a tick failed: {exc}"
             finally:
                 with self._cv:
                     self._ticking = False
@@ -418,7 +477,7 @@ class LearnerGroup:
     def step(self, step: int) -> dict[str, Any]:
         import ray  # noqa: PLC0415
 
-        if self._shared:
+        if self._shared or self._turn_ticks:
             self._drain_ticks()
         # Refusals recorded while streaming are raised before any rank enters the barrier.
         for rank, error in enumerate(ray.get([r.refusal.remote() for r in self.ranks])):
@@ -426,8 +485,10 @@ class LearnerGroup:
                 raise LearnerRefusal(f"step {step}: rank {rank}: {error}")
         if self._error is not None:
             raise LearnerRefusal(f"step {step}: {self._error}")
+        if self._turn_ticks:
+            return merge_rank_metrics(_get_all([r.step.remote(step) for r in self.ranks]))
         if self._shared:
-            assert self._planner is not None
+            assert isinstance(self._planner, TickPlanner)
             if self._planner.pending:
                 held = [t.trajectory_id for t in self._planner.waiting][:5]
                 raise LearnerRefusal(

@@ -60,28 +60,24 @@ def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> 
         if batched:
             return SyncGRPOLearner(model, loss_agg=config.loss_agg, policy_version=version)  # type: ignore[arg-type]
         cap = config.max_open_groups if config.schedule == "thundersync" else config.groups_per_step
-        if config.learner_shared_groups:
+        common: dict[str, Any] = {
+            "loss_agg": config.loss_agg,
+            "max_open_groups": cap,
+            "policy_version": version,
+            "max_lag": lag,
+            "is_clip": is_clip,
+        }
+        if config.learner_shared_groups:  # ranks that share the open groups
             from thundersync_core.parallel.shared_groups import (  # noqa: PLC0415
                 SharedGroupsGRPOLearner,
             )
 
-            return SharedGroupsGRPOLearner(
-                model,  # type: ignore[arg-type]
-                loss_agg=config.loss_agg,
-                max_open_groups=cap,
-                policy_version=version,
-                max_lag=lag,
-                is_clip=is_clip,
-            )
+            return SharedGroupsGRPOLearner(model, **common)  # type: ignore[arg-type]
         return StreamingGRPOLearner(
             model,  # type: ignore[arg-type]
-            loss_agg=config.loss_agg,
-            max_open_groups=cap,
-            policy_version=version,
-            max_lag=lag,
-            is_clip=is_clip,
             order=config.learner_order,
             release=config.grpo_release,
+            **common,
         )
     top_k = config.opd_teacher_top_k
     if batched:
@@ -297,7 +293,7 @@ class LearnerWorker:
                 )
             self._count_whole(traj)
 
-    def submit_turn(self, scored: tuple[Turn, float]) -> None:
+    def submit_turn(self, scored: tuple[Turn, float | None]) -> None:
         """One teacher-scored OPD turn (thundersync and pipeline)."""
         turn, release_s = scored
         t0 = time.time()
