@@ -763,3 +763,10 @@ def test_layout_of_picks_up_lora_from_the_config():
     assert layout_of(config).lora == LoraSpec(16, ("q_proj", "v_proj"))
     assert "lora r=16" in layout_of(config).describe()
     assert layout_of(TrainConfig()).lora is None
+
+
+def test_the_flush_buckets_are_the_sharded_gradients():
+    from thundersync_core.parallel.data_parallel import BUCKET_BYTES  # noqa: PLC0415
+    from thundersync_core.perfmodel.memory import FLUSH_BUCKET_BYTES  # noqa: PLC0415
+
+    assert FLUSH_BUCKET_BYTES == BUCKET_BYTES

@@ -100,6 +100,7 @@ class ShardedGradient:
         if any(len(shape) == 0 for shape in self.shapes):
             raise ValueError("a sharded gradient needs parameters of at least one dimension")
         self.device = params[0].device
+        self.buckets = _buckets(self.shapes, self.world, torch.finfo(dtype).bits // 8)
         self.shards: list[torch.Tensor] = []
         self.pending: list[torch.Tensor | None] | None = None
         self.reset()
@@ -142,26 +143,38 @@ class ShardedGradient:
     ) -> None:
         """Every rank calls with its whole tensors (None: zeros): ``coeff`` times their sum
         over ranks is added to ``targets``, this rank's ``Shard(0)`` rows in the gradient's
-        layout (default: the shards). One tensor at a time; unless ``keep``, each of
-        ``grads`` is released (set to None) once sent, so no whole float32 copy outlives
-        its tensor."""
+        layout (default: the shards). Tensors go in buckets of about ``BUCKET_BYTES`` per
+        rank (a larger tensor alone), one reduce-scatter a bucket; unless ``keep``, each of
+        ``grads`` is released (set to None) once in its bucket, so no whole float32 copy
+        outlives its tensor."""
         rows = self.shards if targets is None else targets
-        for i, shape in enumerate(self.shapes):
-            size = -(-shape[0] // self.world)
-            dtype, device = self.dtype, self.device
-            full = torch.zeros((size * self.world, *shape[1:]), dtype=dtype, device=device)
-            grad = grads[i]
-            if not keep:
-                grads[i] = None
-            if grad is not None:
-                full[: shape[0]].copy_(grad)
-                if coeff != 1.0:
-                    full.mul_(coeff)
-            del grad
-            out = torch.empty((size, *shape[1:]), dtype=dtype, device=device)
-            dist.reduce_scatter_tensor(out, full, group=self.group)
+        for bucket in self.buckets:
+            # The send buffer: rank r's rows of every tensor of the bucket, rank after rank.
+            chunks = [_chunk_elements(self.shapes[i], self.world) for i in bucket]
+            width = sum(chunks)
+            full = torch.zeros((self.world, width), dtype=self.dtype, device=self.device)
+            offset = 0
+            for i, chunk in zip(bucket, chunks, strict=True):
+                grad = grads[i]
+                if not keep:
+                    grads[i] = None
+                if grad is not None:
+                    for r in range(self.world):
+                        start, stop = shard_rows(self.shapes[i][0], self.world, r)
+                        n = (stop - start) * (chunk // -(-self.shapes[i][0] // self.world))
+                        full[r, offset : offset + n].copy_(grad[start:stop].reshape(-1))
+                del grad
+                offset += chunk
+            if coeff != 1.0:
+                full.mul_(coeff)
+            out = torch.empty(width, dtype=self.dtype, device=self.device)
+            dist.reduce_scatter_tensor(out, full.view(-1), group=self.group)
             del full
-            rows[i].add_(out[: rows[i].shape[0]])
+            offset = 0
+            for i, chunk in zip(bucket, chunks, strict=True):
+                n = rows[i].numel()
+                rows[i].add_(out[offset : offset + n].view_as(rows[i]))
+                offset += chunk
 
     def zeros_like_shards(self) -> list[torch.Tensor]:
         """Zero tensors shaped as this rank's rows (a sharded statistic)."""
@@ -170,6 +183,34 @@ class ShardedGradient:
     def nbytes(self) -> int:
         held = [*self.shards, *(t for t in self.pending or [] if t is not None)]
         return sum(t.numel() * t.element_size() for t in held)
+
+
+#: A reduce-scatter's share of each rank, in bytes (a larger tensor goes alone): few
+#: collectives for many small tensors, one tensor's buffers for a large one.
+BUCKET_BYTES = 16 << 20
+
+
+def _chunk_elements(shape: tuple[int, ...], world: int) -> int:
+    """Elements of one rank's ``Shard(0)`` chunk, rows rounded up (the padded layout)."""
+    rest = 1
+    for n in shape[1:]:
+        rest *= n
+    return -(-shape[0] // world) * rest
+
+
+def _buckets(shapes: Sequence[tuple[int, ...]], world: int, element: int) -> list[list[int]]:
+    """Consecutive tensors grouped while a rank's chunks fit ``BUCKET_BYTES``."""
+    buckets: list[list[int]] = []
+    size = 0
+    for i, shape in enumerate(shapes):
+        chunk = _chunk_elements(shape, world) * element
+        if buckets and size + chunk <= BUCKET_BYTES:
+            buckets[-1].append(i)
+            size += chunk
+        else:
+            buckets.append([i])
+            size = chunk
+    return buckets
 
 
 @dataclass

@@ -50,8 +50,11 @@ Terms, as the code holds them (``parallel/fsdp.py``, ``parallel/data_parallel.py
     replica_grads       c P        the barrier's p.grad on the replica (4 P, the gradient
                                    itself, when the learner runs on the float32 master; 0
                                    with the sharded gradient: its rows become the master's)
-    flush_buffers       4 (W+1) X  sharded gradient: a flush's padded whole tensor and this
-                                   rank's output rows, one tensor at a time (X rounded up)
+    flush_buffers       (W+1) B    sharded gradient: a flush's send buffer (every rank's
+                                   chunk of each tensor in a bucket) and this rank's output,
+                                   a bucket at a time; B the largest bucket's float32 chunk
+                                   (tensors in order while they fit 16 MiB, a larger one
+                                   alone: 4 X / W rounded up)
     grads               4 P / s    the master's float32 gradient at the step
     step_transient      4 P / s    foreach AdamW (CUDA's default) takes sqrt(v) of every
                                    tensor at once; the per-tensor loop (CPU) 8 X / s
@@ -776,10 +779,21 @@ def _shard_rows_elements(rows: list[tuple[int, int]], world: int) -> int:
     return sum(_ceil_div(r, world) * n for r, n in rows)
 
 
+#: ``parallel/data_parallel.BUCKET_BYTES`` (a test keeps them equal): a reduce-scatter's
+#: share of each rank; a larger tensor goes alone.
+FLUSH_BUCKET_BYTES = 16 << 20
+
+
 def _flush_bytes(rows: list[tuple[int, int]], world: int) -> int:
-    """A flush's buffers at its largest tensor: the padded whole gradient it reduce-scatters
-    and this rank's output rows (float32, one tensor at a time)."""
-    return 4 * (world + 1) * max(_ceil_div(r, world) * n for r, n in rows)
+    """A flush's buffers at its largest bucket: the padded send buffer (every rank's chunk
+    of each tensor in the bucket) and this rank's output (float32), tensors bucketed in
+    order while a rank's chunks fit ``FLUSH_BUCKET_BYTES``."""
+    largest = size = 0
+    for r, n in rows:
+        chunk = 4 * _ceil_div(r, world) * n
+        size = size + chunk if size and size + chunk <= FLUSH_BUCKET_BYTES else chunk
+        largest = max(largest, size)
+    return (world + 1) * largest
 
 
 def check_learner_memory(shape: ModelShape, layout: LearnerLayout, gpu_bytes: int) -> None:
