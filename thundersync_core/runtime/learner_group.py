@@ -12,6 +12,12 @@ the global norm and takes one optimizer step (``parallel/fsdp.py``: replicated o
 With ``policy.lora`` every rank applies the adapters with the run's seed before its state is
 built, as the one-process learner does, so the ranks and that learner start identical.
 
+Ticks: with ``learner_shared_groups`` every rank registers every group and landed
+trajectories wait in a ``TickPlanner``; with the sharded gradient, OPD turns wait in a
+``TurnTickPlanner`` (each routed to its group's rank as above). A dispatcher thread hands
+the ranks the next tick (at most one source a rank) as soon as the last is done on every
+rank, so what landed meanwhile goes together; ``step`` first waits for the ticks planned.
+
 Rendezvous: the group asks rank 0 for a free port on its node; when every rank sits on one
 node the address is 127.0.0.1, otherwise rank 0's node IP. The backend is NCCL when the
 ranks hold GPUs, gloo otherwise. Every collective times out after ``COLLECTIVE_TIMEOUT_S``,
@@ -485,8 +491,6 @@ class LearnerGroup:
                 raise LearnerRefusal(f"step {step}: rank {rank}: {error}")
         if self._error is not None:
             raise LearnerRefusal(f"step {step}: {self._error}")
-        if self._turn_ticks:
-            return merge_rank_metrics(_get_all([r.step.remote(step) for r in self.ranks]))
         if self._shared:
             assert isinstance(self._planner, TickPlanner)
             if self._planner.pending:
