@@ -11,6 +11,7 @@ one-process learner with the group's weights.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -174,6 +175,31 @@ def test_opd_turns_over_ranks_with_the_sharded_gradient_take_the_single_process_
     held = [b["accumulators"] for b in ray.get(group.state_bytes.remote())]
     whole = single.learner.accumulator_bytes()
     assert all(0 < b <= whole / 2 * 1.05 for b in held), (held, whole)
+    ray.kill(group)
+
+
+def test_a_tick_one_rank_refuses_fails_the_step_at_once_naming_why(
+    ray_session, micro_model_dir, tmp_path
+):
+    """Shared groups through Ray: a trajectory of another policy version is refused by its
+    rank, every rank refuses that tick, the dispatcher stops and the step names the cause,
+    long before the collective timeout."""
+    ray = ray_session
+    batch = random_batch(seed=17, vocab=1024, n_groups=2, group_size=2)
+    batch[1] = dataclasses.replace(batch[1], policy_version=3)
+    groups = {g: (spec.prompt_ids, spec.size) for g, spec in groups_of(batch).items()}
+    config = config_for(2, sharded=True, shared=True)
+    role = config.resources.learner.model_copy(update={"num_cpus": 0.0})
+    group = remote_role(LearnerGroup, role).remote(
+        micro_model_dir, config, publish_dir=tmp_path / "group", timeout_s=60.0
+    )
+    ray.get(group.begin.remote(groups))
+    for traj in batch:
+        group.submit.remote(traj, None)
+    start = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError, match="policy version 3"):
+        ray.get(group.step.remote(0), timeout=120)
+    assert time.monotonic() - start < 30
     ray.kill(group)
 
 
