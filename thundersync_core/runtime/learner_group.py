@@ -384,14 +384,7 @@ class LearnerGroup:
             with self._cv:
                 if self._error is not None or self._planner is None:
                     return
-                spec = self._groups.get(turn.group_id)
-                if spec is None:
-                    self._error = (
-                        f"trajectory {turn.trajectory_id!r}: group {turn.group_id!r} is not "
-                        "registered in this batch"
-                    )
-                    raise LearnerRefusal(self._error)
-                rank, new = self.assigner.assign(turn.group_id, predicted_tokens(turn), spec[1])
+                rank, new, spec = self._assign(turn)
                 assert isinstance(self._planner, TurnTickPlanner)
                 self._planner.add(rank, (turn, release_s, spec if new else None))
                 self._stalled = False
@@ -468,6 +461,13 @@ class LearnerGroup:
         """The rank actor holding the source's group (chosen now for a new group)."""
         if self._error is not None:
             return None
+        rank, new, spec = self._assign(source)
+        if new:
+            self.ranks[rank].add_group.remote(source.group_id, spec)
+        return self.ranks[rank]
+
+    def _assign(self, source: Trajectory | Turn) -> tuple[int, bool, tuple[tuple[int, ...], int]]:
+        """(rank, newly assigned, the group's spec); refused for a group not in the batch."""
         spec = self._groups.get(source.group_id)
         if spec is None:
             self._error = (
@@ -476,9 +476,7 @@ class LearnerGroup:
             )
             raise LearnerRefusal(self._error)
         rank, new = self.assigner.assign(source.group_id, predicted_tokens(source), spec[1])
-        if new:
-            self.ranks[rank].add_group.remote(source.group_id, spec)
-        return self.ranks[rank]
+        return rank, new, spec
 
     def step(self, step: int) -> dict[str, Any]:
         import ray  # noqa: PLC0415
