@@ -543,7 +543,8 @@ class LearnerGroup:
 
 def merge_rank_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """One step record from W ranks: global numbers from rank 0 (the reduction made them
-    equal), busy intervals and sources from every rank, work summed, memory per rank."""
+    equal), busy intervals and sources from every rank, work summed, peaks the largest
+    rank's, memory per rank."""
     merged = dict(per_rank[0])
     for key in ("intervals", "releases", "services", "token_versions"):
         merged[key] = [item for record in per_rank for item in record[key]]
@@ -551,7 +552,9 @@ def merge_rank_metrics(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     counters: dict[str, int] = {}
     for record in per_rank:
         for name, value in record["counters"].items():
-            counters[name] = counters.get(name, 0) + value
+            # A peak is the largest rank's; every other counter is work, summed.
+            merge = max if name.startswith("peak_") else int.__add__
+            counters[name] = merge(counters[name], value) if name in counters else value
     merged["counters"] = counters
     merged["peak_memory_bytes"] = max(record["peak_memory_bytes"] for record in per_rank)
     merged["peak_memory_per_rank_bytes"] = [record["peak_memory_bytes"] for record in per_rank]
