@@ -68,7 +68,10 @@ from thundersync_core.parallel.data_parallel import (
     init_process_group,
 )
 from thundersync_core.parallel.fsdp import ShardedState, TrainState, build_train_state
-from thundersync_core.parallel.shared_groups import SharedGroupsGRPOLearner, TickPlanner
+from thundersync_core.parallel.shared_groups import (
+    SharedGroupsGRPOLearner,
+    stream_shared_groups,
+)
 from thundersync_core.perfmodel.memory import (
     GB,
     LORA_TARGETS,
@@ -82,7 +85,12 @@ from thundersync_core.perfmodel.memory import (
 from thundersync_core.policy import build_model
 from thundersync_core.policy.lora import LoraSettings, apply_lora
 from thundersync_core.policy.presets import preset_config
-from thundersync_core.streaming import GroupSpec, StreamingGRPOLearner, SyncGRPOLearner
+from thundersync_core.streaming import (
+    GroupSpec,
+    StreamingGRPOLearner,
+    SyncGRPOLearner,
+    groups_of,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HF = (ROOT / "configs/hf/qwen3-8b.json", ROOT / "configs/hf/qwen3-32b.json")
@@ -554,7 +562,7 @@ def _step(
     if world > 1:
         learner.reducer = ProcessGroupReducer()
     if isinstance(learner, SharedGroupsGRPOLearner):
-        return _shared_step(learner, state, batch, rank, world)
+        return _shared_step(learner, state, batch, world)
     learner.begin_batch({})
     statistics = held = 0
     routed = dict.fromkeys(order, 0)
@@ -571,6 +579,41 @@ def _step(
             held = max(held, learner.accumulator_bytes())
         if learner.sharded_grad is not None and routed[traj.group_id] == sizes[traj.group_id]:
             learner.sharded_grad.flush()
+    return _finish_step(learner, state, statistics, held)
+
+
+def _shared_step(
+    learner: SharedGroupsGRPOLearner,
+    state: TrainState,
+    batch: list[Trajectory],
+    world: int,
+) -> dict[str, int]:
+    """One step of shared groups as the learner group drives it: every rank registers every
+    group and runs the same ticks (all landed trajectories planned at once)."""
+    statistics = [0]
+
+    def seen() -> None:
+        statistics[0] = max(statistics[0], learner.live_statistics_bytes())
+
+    stream_shared_groups(
+        learner,
+        batch,
+        groups_of(batch),
+        max_open_groups=learner.max_open_groups,
+        burst=len(batch),
+        on_tick=seen,
+    )
+    return _finish_step(learner, state, statistics[0], learner.accumulator_bytes())
+
+
+def _finish_step(
+    learner: StreamingGRPOLearner | SyncGRPOLearner,
+    state: TrainState,
+    statistics: int,
+    held: int,
+) -> dict[str, int]:
+    """Barrier, clip, apply; the tracked bytes (``held``: the most gradient bytes held while
+    sources ran, whose excess over the shards is what waited for a flush)."""
     result = learner.finish()
     accumulator = learner.accumulator_bytes()
     if result.sharded:
@@ -580,39 +623,6 @@ def _step(
         state.clip(1.0, result.grad_objective, -1.0)
     tracked = {"group_statistics": statistics, "accumulator": accumulator}
     tracked["pending"] = held - accumulator
-    tracked |= state.state_bytes()
-    state.apply()
-    learner.policy_version += 1
-    return tracked
-
-
-def _shared_step(
-    learner: SharedGroupsGRPOLearner,
-    state: TrainState,
-    batch: list[Trajectory],
-    rank: int,
-    world: int,
-) -> dict[str, int]:
-    """One step of shared groups as the learner group drives it: every rank registers every
-    group and runs the same ticks (all landed trajectories planned at once)."""
-    specs: dict[str, GroupSpec] = {}
-    for traj in batch:
-        specs.setdefault(traj.group_id, GroupSpec(traj.prompt_ids, 0))
-        specs[traj.group_id] = GroupSpec(traj.prompt_ids, specs[traj.group_id].size + 1)
-    learner.begin_batch(specs)
-    planner = TickPlanner(world, learner.max_open_groups, {g: s.size for g, s in specs.items()})
-    for traj in batch:
-        planner.add(traj)
-    statistics = 0
-    while tick := planner.next_tick():
-        mine = [traj for entry, traj in tick if entry.rank == rank]
-        learner.run_tick([entry for entry, _ in tick], mine)
-        statistics = max(statistics, learner.live_statistics_bytes())
-    result = learner.finish()
-    assert isinstance(state, ShardedState)
-    state.clip_shards(1.0, result.grad_objective, -1.0)
-    tracked = {"group_statistics": statistics, "accumulator": learner.accumulator_bytes()}
-    tracked["pending"] = 0
     tracked |= state.state_bytes()
     state.apply()
     learner.policy_version += 1

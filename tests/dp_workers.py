@@ -294,17 +294,19 @@ def shared_case(burst: int, cap: int, dtype: torch.dtype) -> dict:
     learner.sharded_grad = ShardedGradient(learner.params, dtype=learner.accum_dtype)
     batch = grpo_batch(31)
     peak = {"stats": 0, "open": 0}
-    run_tick = learner.run_tick
 
-    def tracked(entries, mine):
-        run_tick(entries, mine)
+    def tracked() -> None:
         held = [t for g in learner._shared.values() for t in (g.x1 or []) + (g.x2 or [])]
         peak["stats"] = max(peak["stats"], sum(t.numel() * t.element_size() for t in held))
         peak["open"] = max(peak["open"], len(learner._shared))
 
-    learner.run_tick = tracked  # type: ignore[method-assign]
     ticks = stream_shared_groups(
-        learner, arrivals("grpo", batch, 7), groups_of(batch), max_open_groups=cap, burst=burst
+        learner,
+        arrivals("grpo", batch, 7),
+        groups_of(batch),
+        max_open_groups=cap,
+        burst=burst,
+        on_tick=tracked,
     )
     out = learner.finish()
     return {

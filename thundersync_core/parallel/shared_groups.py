@@ -30,7 +30,7 @@ in a reduction for the collective timeout.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -360,12 +360,14 @@ def stream_shared_groups(
     *,
     max_open_groups: int,
     burst: int = 1,
+    on_tick: Callable[[], None] | None = None,
 ) -> list[list[TickEntry]]:
     """Begin a batch on this rank's ``learner`` and run ``sources`` through it in ticks.
 
     For a process that sees the whole batch (benchmarks, checks, tests): every rank plans
     the same ticks from the same arrival order, ``burst`` landing between plannings (the
-    runtime plans whenever the last tick is done). Returns the ticks' entries."""
+    runtime plans whenever the last tick is done); ``on_tick`` is called after each tick.
+    Returns the ticks' entries."""
     world = dist.get_world_size()
     if learner.reducer is None:
         learner.reducer = ProcessGroupReducer()
@@ -381,6 +383,8 @@ def stream_shared_groups(
             mine = [traj for entry, traj in tick if entry.rank == rank]
             learner.run_tick(entries, mine)
             ticks.append(entries)
+            if on_tick is not None:
+                on_tick()
     if planner.pending:
         raise LearnerRefusal(f"{len(planner.waiting)} trajectory(ies) never fit a tick")
     return ticks

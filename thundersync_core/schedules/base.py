@@ -159,8 +159,11 @@ def submit_turn(ctx: RunContext, ready: TurnReady) -> Any:
     return ctx.roles.teacher.score_turn.remote(ready.turn)
 
 
-def publish_now(ctx: RunContext, learner_metrics: dict[str, Any]) -> tuple[float, float]:
-    """Load the new weights into the engine; (start, acknowledged) times."""
+def publish_now(
+    ctx: RunContext, learner_metrics: dict[str, Any], *, in_flight: bool = False
+) -> tuple[float, float]:
+    """Load the new weights into the engine (``in_flight``: taken at the rollout's next
+    round, see ``publish_weights``); (start, acknowledged) times."""
     t0 = time.time()
     ack, sent = publish_weights(
         ctx.config,
@@ -168,6 +171,7 @@ def publish_now(ctx: RunContext, learner_metrics: dict[str, Any]) -> tuple[float
         ctx.roles.rollout,
         learner_metrics["policy_version"],
         learner_metrics["weights"],
+        in_flight=in_flight,
     )
     if sent is not None:
         learner_metrics["publication_bytes"] = sent

@@ -25,7 +25,7 @@ from thundersync_core.schedules.base import (
     RunContext,
     StepOutcome,
     events,
-    publish_weights,
+    publish_now,
     reward_time,
     submit_turn,
     timeline,
@@ -60,21 +60,11 @@ def run(ctx: RunContext, start: int, end: int) -> None:
         while current < end and len(finished[current]) == len(plans[current]):
             _hand_over(ctx, waiting.pop(current, []))
             learner = ray.get(ctx.roles.learner.step.remote(current))
-            sent = time.time()
             # Queued for the engines' next round (a file), or broadcast and taken there (the
             # driver waits about a round: the learner sends until then); either way awaited,
             # so that nothing sent to the rollout role later, an evaluation above all, and
             # not the next batch's ``begin``, can overtake it.
-            acknowledged, sent_bytes = publish_weights(
-                ctx.config,
-                ctx.roles.learner,
-                ctx.roles.rollout,
-                learner["policy_version"],
-                learner["weights"],
-                in_flight=True,
-            )
-            if sent_bytes is not None:
-                learner["publication_bytes"] = sent_bytes
+            sent, acknowledged = publish_now(ctx, learner, in_flight=True)
             # The next batches roll out during this step: theirs is rollout time as well.
             in_flight = ray.get(ctx.roles.rollout.in_flight_events.remote())
             later = [t for step, done in finished.items() if step > current for t in done]
