@@ -168,8 +168,14 @@ def test_thundersync_on_two_nodes_updates_as_one_process(
         assert min(two["engine_requests"]) > 0, two["engine_requests"]
         assert two["publication_bytes"] > 0
         assert two["reward_mean"] == one["reward_mean"], step
-        assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7), step
-        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5), step
+        # Step 0 starts from the same weights: only the sum order differs (float32, 1e-5).
+        # Later steps start from weights that already differ where step 0's gradient was
+        # within rounding of zero (AdamW moved those entries by their sign, +-lr; see
+        # below), so their loss and gradient are another model's by that much: measured
+        # up to 1.1e-5 apart at step 1, bounded here at 1e-4.
+        rel = 1e-5 if step == 0 else 1e-4
+        assert two["loss"] == pytest.approx(one["loss"], rel=rel, abs=1e-7), step
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=rel), step
         # Requests are seeded: the engines sample the tokens one engine does. On the first
         # step the weights are the same, so the sampled log-probs are too (bitwise).
         name = f"step-{step:06d}.jsonl"
