@@ -28,11 +28,15 @@ $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory system-packages
 	touch $(STAMP)
 
-# The local sandbox needs bubblewrap; installed when we are root and it is missing.
+# The local sandbox needs bubblewrap; the warm start runs on tcmalloc where it is installed
+# (on glibc's malloc its steps slow down as it goes). Installed when we are root and missing.
 system-packages:
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && \
 		(apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || \
 		echo "bubblewrap (bwrap) is missing: install the Debian package 'bubblewrap'"; }
+	@/sbin/ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal || { [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) || \
+		echo "tcmalloc is missing (the warm start runs slower): install 'libtcmalloc-minimal4'"; }
 
 venv: $(STAMP)
 

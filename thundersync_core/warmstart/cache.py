@@ -6,7 +6,8 @@ same key reuses it. With ``warm_start.preset`` the warm start is made at that pr
 grown into ``policy.preset`` beside it (``<name>-<preset>``). A warm start is written to a
 scratch folder named by host and process beside its target and renamed into place, so a
 folder at the target is complete; scratch folders of processes that died on this host are
-removed at the next start.
+removed at the next start. The fine-tuning runs as ``thundersync warm-start`` in a child
+process (``runtime/child.py``: tcmalloc where the system has it, killed with its parent).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import json
 import os
 import shutil
 import socket
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from thundersync_core.config import TrainConfig
 from thundersync_core.rollout.weights import process_alive
+from thundersync_core.runtime.child import run_child
 
 __all__ = ["prepare_policies", "warm_start_key"]
 
@@ -85,23 +88,33 @@ def _warm(
             model = build_model(config.policy.preset, seed=config.seed)
             save_policy(model, build_tokenizer(vocab_size=model.config.vocab_size), scratch)
             return
-        from thundersync_core.warmstart import warm_start  # noqa: PLC0415
         from thundersync_core.warmstart.sft import SUMMARY_FILE  # noqa: PLC0415
 
-        summary = warm_start(
-            list(roots),
-            scratch,
-            preset=config.policy.preset,
-            steps=steps,
-            lr=config.warm_start.lr,
-            seed=config.seed,
-            compute_dtype=config.warm_start.compute_dtype,
-            families=config.tasks.families or None,
-            init_from=init_from,
-        )
+        argv = [
+            sys.executable, "-m", "thundersync_core.cli", "warm-start",
+            "--out", str(scratch),
+            "--preset", config.policy.preset,
+            "--steps", str(steps),
+            "--lr", repr(config.warm_start.lr),
+            "--seed", str(config.seed),
+            "--compute-dtype", config.warm_start.compute_dtype,
+            "--threads", str(len(os.sched_getaffinity(0))),
+        ]  # fmt: skip
+        for root in roots:
+            argv += ["--tasks", str(root)]
+        if config.tasks.families:
+            argv += ["--families", ",".join(config.tasks.families)]
+        if init_from is not None:
+            argv += ["--init-from", str(init_from)]
+        run_child(f"the warm start into {target}", argv)
+        summary = json.loads((scratch / SUMMARY_FILE).read_text())
         summary["out_dir"] = str(target)
         (scratch / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"[warm start] {json.dumps(summary)}", flush=True)
+        print(
+            f"[warm start] {target}: {summary['steps']} steps, loss {summary['first_loss']:.3f}"
+            f" -> {summary['final_loss']:.3f}, {summary['wall_s']:.0f} s",
+            flush=True,
+        )
 
     return _write_in_place(target, write)
 

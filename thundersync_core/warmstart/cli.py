@@ -58,8 +58,10 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415 (keeps `thundersync --help` instant)
 
+    from thundersync_core.runtime.child import die_with_parent  # noqa: PLC0415
     from thundersync_core.warmstart.sft import warm_start  # noqa: PLC0415
 
+    die_with_parent()
     for source in args.tasks:
         if not source.exists():
             raise FileNotFoundError(f"--tasks {source}: no such file or folder")
