@@ -48,6 +48,18 @@ PRESETS: dict[str, ModelPreset] = {
         intermediate_size=768,
         vocab_size=2048,
     ),
+    # ~13 M parameters: tiny's four layers at twice the width, the embedded demo's policy
+    # (warm-started at tiny and grown, policy/grow.py). On the two-core box its learner
+    # takes 2.5x tiny's time per step while the vLLM rollout stage grows ~10%: vLLM CPU's
+    # per-step costs, not its matrix products, dominate a small model's decode.
+    "wide": ModelPreset(
+        hidden_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=1536,
+        vocab_size=2048,
+    ),
     # ~11 M and ~25 M parameters: the learner's arithmetic per token grows with the
     # parameters, a rollout stage of few episodes in flight grows less (vLLM's per-step
     # costs and the sandboxes do not scale with the model); the bench picks the size that

@@ -92,6 +92,14 @@ class VLLMEngine:
         # many full contexts per step is also several times faster for agent batches here.
         engine_kwargs.setdefault("enable_chunked_prefill", False)
         engine_kwargs.setdefault("max_num_batched_tokens", 16 * max_model_len)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # vLLM CPU's KV blocks default to 128 tokens and its prefix cache shares whole
+            # blocks, so a group's samples shared 128 tokens of a ~214-token prompt; 32 is
+            # the smallest its kernels take. The embedded rollout stage: 12-14% shorter, the
+            # same tokens sampled.
+            engine_kwargs.setdefault("block_size", 32)
         if lora_rank is not None:
             engine_kwargs.update(
                 enable_lora=True,
