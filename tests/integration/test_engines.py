@@ -127,6 +127,23 @@ def test_vllm_seeded_tokens_do_not_depend_on_batching(vllm_engine):
     assert [r.token_ids for r in shuffled] == [r.token_ids for r in batched]
 
 
+def test_a_cpu_engine_caches_prompts_in_32_token_blocks(vllm_engine):
+    """A group's samples share their prompt's cached blocks: at vLLM CPU's default of 128
+    tokens a 200-token prompt shared 128; at 32, 192. A cached prefix samples as a fresh one."""
+    from vllm.platforms import current_platform  # noqa: PLC0415
+
+    if not current_platform.is_cpu():
+        pytest.skip("the block size is set on CPU only")
+    assert vllm_engine.llm.llm_engine.vllm_config.cache_config.block_size == 32
+    prompt = tuple(3 + (7 * i) % 500 for i in range(200))
+    request = GenerationRequest("p/0", prompt, 12, request_seed(7, "g", "p", 0))
+    vllm_engine.llm.reset_prefix_cache()
+    fresh = vllm_engine.generate([request], SAMPLING)[0]
+    cached = vllm_engine.generate([dataclasses.replace(request, request_id="p/1")], SAMPLING)[0]
+    assert cached.token_ids == fresh.token_ids
+    assert cached.logprobs == pytest.approx(fresh.logprobs, abs=1e-5)
+
+
 def test_vllm_engine_core_process_is_found(vllm_engine):
     """The engine watchdog and roles.json need the engine core's pid: one child process of
     this one, the one vLLM titles ``VLLM::EngineCore``."""
