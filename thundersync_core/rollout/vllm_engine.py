@@ -83,6 +83,7 @@ class VLLMEngine:
         """``lora_rank``: start with vLLM's LoRA support for adapters of at most this rank
         (``load_adapter``); None: full weights only."""
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         # vLLM CPU sizes its KV cache from this variable (GiB); its default is larger than
         # a tiny model needs and than small CI machines can spare.
@@ -92,8 +93,6 @@ class VLLMEngine:
         # many full contexts per step is also several times faster for agent batches here.
         engine_kwargs.setdefault("enable_chunked_prefill", False)
         engine_kwargs.setdefault("max_num_batched_tokens", 16 * max_model_len)
-        from vllm.platforms import current_platform
-
         if current_platform.is_cpu():
             # vLLM CPU's KV blocks default to 128 tokens and its prefix cache shares whole
             # blocks, so a group's samples shared 128 tokens of a ~214-token prompt; 32 is
