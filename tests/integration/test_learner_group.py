@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import threading
 import time
 
@@ -47,6 +48,25 @@ def ray_session():
         ray.shutdown()
 
 
+@pytest.fixture
+def start_group(ray_session, micro_model_dir, tmp_path):
+    """Starts a test's LearnerGroup actors and kills them after it, passed or failed: a
+    group left alive holds its ranks' CPUs for every later test of the session."""
+    started = []
+
+    def start(config: TrainConfig):
+        role = config.resources.learner.model_copy(update={"num_cpus": 0.0})
+        group = remote_role(LearnerGroup, role).remote(
+            micro_model_dir, config, publish_dir=tmp_path / "group", timeout_s=60.0
+        )
+        started.append(group)
+        return group
+
+    yield start
+    for group in started:
+        ray_session.kill(group)
+
+
 def config_for(ranks: int, *, sharded: bool = False, shared: bool = False) -> TrainConfig:
     """``sharded``: fsdp2 ranks holding the batch gradient 1/W each (flushed per group);
     ``shared``: and the open groups shared by the ranks, their statistics 1/W each."""
@@ -70,7 +90,7 @@ def config_for(ranks: int, *, sharded: bool = False, shared: bool = False) -> Tr
     ids=["whole-accumulators", "sharded-gradient", "shared-groups"],
 )
 def test_two_rank_group_takes_the_single_process_step(
-    ray_session, micro_model_dir, tmp_path, layout
+    ray_session, start_group, micro_model_dir, tmp_path, layout
 ):
     sharded = layout != "whole"
     ray = ray_session
@@ -84,10 +104,7 @@ def test_two_rank_group_takes_the_single_process_step(
     expected = single.step(0)
 
     two = config_for(2, sharded=sharded, shared=layout == "shared")
-    group_role = two.resources.learner.model_copy(update={"num_cpus": 0.0})
-    group = remote_role(LearnerGroup, group_role).remote(
-        micro_model_dir, two, publish_dir=tmp_path / "group", timeout_s=60.0
-    )
+    group = start_group(two)
     assert ray.get(group.begin.remote(groups)) == 0
     for traj in reversed(batch):  # another arrival order: the sum is order-free
         group.submit.remote(traj, None)
@@ -136,11 +153,10 @@ def test_two_rank_group_takes_the_single_process_step(
     assert resumed.version() == 1
     for name, param in resumed.model.named_parameters():
         assert torch.equal(param.detach(), after_group[name]), name
-    ray.kill(group)
 
 
 def test_opd_turns_over_ranks_with_the_sharded_gradient_take_the_single_process_step(
-    ray_session, micro_model_dir, tmp_path
+    ray_session, start_group, micro_model_dir, tmp_path
 ):
     """OPD turns in lockstep ticks (one turn per rank, every rank flushing the sharded batch
     gradient after each): the step of one process."""
@@ -160,11 +176,7 @@ def test_opd_turns_over_ranks_with_the_sharded_gradient_take_the_single_process_
         single.submit_turn((turn, None))
     expected = single.step(0)
 
-    two = opd(2)
-    role = two.resources.learner.model_copy(update={"num_cpus": 0.0})
-    group = remote_role(LearnerGroup, role).remote(
-        micro_model_dir, two, publish_dir=tmp_path / "group", timeout_s=60.0
-    )
+    group = start_group(opd(2))
     ray.get(group.begin.remote(groups))
     for turn in turns:
         group.submit_turn.remote((turn, None))
@@ -175,12 +187,9 @@ def test_opd_turns_over_ranks_with_the_sharded_gradient_take_the_single_process_
     held = [b["accumulators"] for b in ray.get(group.state_bytes.remote())]
     whole = single.learner.accumulator_bytes()
     assert all(0 < b <= whole / 2 * 1.05 for b in held), (held, whole)
-    ray.kill(group)
 
 
-def test_a_tick_one_rank_refuses_fails_the_step_at_once_naming_why(
-    ray_session, micro_model_dir, tmp_path
-):
+def test_a_tick_one_rank_refuses_fails_the_step_at_once_naming_why(ray_session, start_group):
     """Shared groups through Ray: a trajectory of another policy version is refused by its
     rank, every rank refuses that tick, the dispatcher stops and the step names the cause,
     long before the collective timeout."""
@@ -188,19 +197,19 @@ def test_a_tick_one_rank_refuses_fails_the_step_at_once_naming_why(
     batch = random_batch(seed=17, vocab=1024, n_groups=2, group_size=2)
     batch[1] = dataclasses.replace(batch[1], policy_version=3)
     groups = {g: (spec.prompt_ids, spec.size) for g, spec in groups_of(batch).items()}
-    config = config_for(2, sharded=True, shared=True)
-    role = config.resources.learner.model_copy(update={"num_cpus": 0.0})
-    group = remote_role(LearnerGroup, role).remote(
-        micro_model_dir, config, publish_dir=tmp_path / "group", timeout_s=60.0
-    )
+    group = start_group(config_for(2, sharded=True, shared=True))
     ray.get(group.begin.remote(groups))
     for traj in batch:
         group.submit.remote(traj, None)
     start = time.monotonic()
-    with pytest.raises(ray.exceptions.RayTaskError, match="policy version 3"):
+    with pytest.raises(ray.exceptions.RayTaskError) as refused:
         ray.get(group.step.remote(0), timeout=120)
     assert time.monotonic() - start < 30
-    ray.kill(group)
+    # Whichever rank the trajectory went to, the step names its refusal first, then the
+    # other rank's, which refused only because it did.
+    said = str(refused.value).split("LearnerRefusal: ", 1)[1]
+    assert re.match(r"step 0: rank (\d): .*policy version 3.*; rank (?!\1)\d: learner rank\(s\) "
+                    r"\[\d\] refused a tick", said), said  # fmt: skip
 
 
 def test_weights_are_not_published_mid_batch(micro_model_dir, tmp_path):

@@ -596,14 +596,16 @@ def test_lora_learner_group_takes_the_one_process_step(ray_session, micro_model_
     group = remote_role(LearnerGroup, role).remote(
         micro_model_dir, config, publish_dir=tmp_path / "group", timeout_s=60.0
     )
-    assert ray.get(group.begin.remote(groups_spec(batch))) == 0
-    for traj in reversed(batch):
-        group.submit.remote(traj, None)
-    got = ray.get(group.step.remote(0), timeout=120)
+    try:  # killed passed or failed: a live group holds its ranks' CPUs for later tests
+        assert ray.get(group.begin.remote(groups_spec(batch))) == 0
+        for traj in reversed(batch):
+            group.submit.remote(traj, None)
+        got = ray.get(group.step.remote(0), timeout=120)
+        path = ray.get(group.save_checkpoint.remote(str(tmp_path / "ckpt"), 1, {}), timeout=120)
+    finally:
+        ray.kill(group)
     assert got["loss"] == pytest.approx(expected["loss"], rel=TOLERANCE)
     assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=TOLERANCE)
-    path = ray.get(group.save_checkpoint.remote(str(tmp_path / "ckpt"), 1, {}), timeout=120)
-    ray.kill(group)
 
     resumed = LearnerWorker(
         micro_model_dir, lora_config(1), publish_dir=tmp_path / "resumed", resume_from=Path(path)

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from thundersync_core.batch import Trajectory
 from thundersync_core.objectives.grpo import advantages, close_coefficients
 from thundersync_core.parallel.data_parallel import ProcessGroupReducer
-from thundersync_core.streaming.base import GroupSpec, LearnerRefusal
+from thundersync_core.streaming.base import GroupSpec, LearnerRefusal, PeerRefusal
 from thundersync_core.streaming.grpo_stream import StreamingGRPOLearner
 from thundersync_core.streaming.prefix import SharedPrefix
 
@@ -210,7 +210,7 @@ class SharedGroupsGRPOLearner(StreamingGRPOLearner):
         if refusal is not None:
             raise refusal
         if refusing:
-            raise LearnerRefusal(
+            raise PeerRefusal(
                 f"learner rank(s) {refusing} refused a tick of trajectories "
                 f"{[e.trajectory_id for e in entries][:5]} (their errors say why)"
             )

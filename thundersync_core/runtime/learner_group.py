@@ -221,9 +221,10 @@ class LearnerRank(LearnerWorker):
         if refusal is not None:
             raise refusal
 
-    def refusal(self) -> str | None:
-        """The first refusal recorded while sources streamed in (checked before the barrier)."""
-        return self._error
+    def refusal(self) -> tuple[str, bool] | None:
+        """The first refusal recorded while sources streamed in (checked before the barrier),
+        and whether this rank refused only because another rank did."""
+        return None if self._error is None else (self._error, self._error_is_peer)
 
     def save_checkpoint(self, root: str, step: int, extra: dict[str, Any]) -> str:
         from thundersync_core.parallel.dcp import save_group_checkpoint  # noqa: PLC0415
@@ -483,10 +484,17 @@ class LearnerGroup:
 
         if self._shared or self._turn_ticks:
             self._drain_ticks()
-        # Refusals recorded while streaming are raised before any rank enters the barrier.
-        for rank, error in enumerate(ray.get([r.refusal.remote() for r in self.ranks])):
-            if error is not None:
-                raise LearnerRefusal(f"step {step}: rank {rank}: {error}")
+        # Refusals recorded while streaming are raised before any rank enters the barrier,
+        # every rank's, the ranks that caused them first.
+        refusals = [
+            (peer, rank, error)
+            for rank, found in enumerate(ray.get([r.refusal.remote() for r in self.ranks]))
+            if found is not None
+            for error, peer in [found]
+        ]
+        if refusals:
+            said = "; ".join(f"rank {rank}: {error}" for _, rank, error in sorted(refusals))
+            raise LearnerRefusal(f"step {step}: {said}")
         if self._error is not None:
             raise LearnerRefusal(f"step {step}: {self._error}")
         if self._shared:

@@ -34,7 +34,7 @@ from thundersync_core.streaming import (
     SyncGRPOLearner,
     SyncOPDLearner,
 )
-from thundersync_core.streaming.base import GroupSpec, LearnerBase, LearnerRefusal
+from thundersync_core.streaming.base import GroupSpec, LearnerBase, LearnerRefusal, PeerRefusal
 
 if TYPE_CHECKING:
     from thundersync_core.rollout.weight_sync import GroupAddress
@@ -171,6 +171,7 @@ class LearnerWorker:
         self.token_versions: list[tuple[int, int]] = []
         self._groups_seen: set[str] = set()
         self._error: str | None = None
+        self._error_is_peer = False  # refused only because another rank did
         self.ledger.reset()
 
     def pid(self) -> int:
@@ -320,6 +321,7 @@ class LearnerWorker:
             method(source)
         except (LearnerRefusal, ValueError) as exc:
             self._error = str(exc)
+            self._error_is_peer = isinstance(exc, PeerRefusal)
             raise
 
     def _record(self, t0: float, source: str, release_s: float | None, group: str) -> None:

@@ -44,6 +44,11 @@ class LearnerRefusal(RuntimeError):
     """The learner refused an input or a step; the message says which and why."""
 
 
+class PeerRefusal(LearnerRefusal):
+    """A rank refused a collective only because another rank did: that rank's refusal
+    names the cause."""
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     prompt_ids: tuple[int, ...]
