@@ -126,8 +126,16 @@ def uninterrupted_run(
 def uninterrupted_vllm_run(
     tmp_path_factory: pytest.TempPathFactory, tiny_prep_dir: Path, solver_policy_dir: Path
 ) -> Path:
-    """3 uninterrupted sync steps on one vLLM engine, publishing files (the run folder)."""
+    """3 uninterrupted sync steps on one vLLM engine, publishing files (the run folder). The
+    rollout role is pinned to core 0, as the embedded config pins it, so the engine core
+    runs inline in it (``rollout.engine_core: auto``)."""
     if not vllm_available():
         pytest.skip("vLLM is not installed (install the `cpu` or `gpu` extra)")
     root = tmp_path_factory.mktemp("uninterrupted-vllm")
-    return _reference_run(root, tiny_prep_dir, solver_policy_dir, rollout__engine="vllm")
+    return _reference_run(
+        root,
+        tiny_prep_dir,
+        solver_policy_dir,
+        rollout__engine="vllm",
+        resources__rollout__cores=[0],
+    )

@@ -208,6 +208,15 @@ class RolloutConfig(_Strict):
     #: the same tokens. New weights reach a one-engine overlapped rollout only while no
     #: request is in the engine.
     agent_loop: Literal["rounds", "overlapped"] = "rounds"
+    #: Where vLLM's engine core runs: ``child``, a process of its own (vLLM's default; on
+    #: a GPU it schedules the next step while the device computes); ``inline``, the
+    #: rollout role's (or engine actor's) own process, which vLLM then sets up as its
+    #: worker (on CPU: give the role one core); ``auto``: inline on CPU at
+    #: tensor_parallel_size 1 in a role pinned to one core, else child. On CPU
+    #: inline saves a second process taking turns with the role's on its cores: the
+    #: embedded engine starts in 10 s (25 s as a child) and its rollout stage takes 11-12%
+    #: less time, the same tokens. Inline, an engine failure is the role's process failing.
+    engine_core: Literal["auto", "child", "inline"] = "auto"
     #: Threads running sandbox set-ups and commands, and as many for graders (each holds a
     #: sandbox's process while it runs); size it to the episodes in flight.
     sandbox_workers: int = Field(default=8, ge=1, le=1024)

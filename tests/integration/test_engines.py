@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -142,6 +145,50 @@ def test_a_cpu_engine_caches_prompts_in_32_token_blocks(vllm_engine):
     cached = vllm_engine.generate([dataclasses.replace(request, request_id="p/1")], SAMPLING)[0]
     assert cached.token_ids == fresh.token_ids
     assert cached.logprobs == pytest.approx(fresh.logprobs, abs=1e-5)
+
+
+_OWN_PROCESS_ENGINE = """
+import json, sys
+from pathlib import Path
+from thundersync_core.rollout.engine import GenerationRequest, SamplingConfig
+from thundersync_core.rollout.vllm_engine import VLLMEngine
+
+engine = VLLMEngine(Path(sys.argv[1]), max_model_len=2048, engine_core="auto")
+reqs = [GenerationRequest(*r) for r in json.loads(sys.argv[2])]
+results = engine.generate(reqs, SamplingConfig())
+print(json.dumps({"pids": engine.engine_pids(),
+                  "results": [[list(r.token_ids), list(r.logprobs)] for r in results]}))
+"""
+
+
+def test_an_engine_alone_in_its_process_runs_its_core_there_and_samples_the_same(
+    vllm_engine, tiny_policy_dir
+):
+    """``engine_core: auto`` on CPU in a process pinned to one core (a role's engine, as the
+    embedded config pins it) runs vLLM's engine core in that process, a real one started
+    here: no engine child process, and the tokens and log-probs of the session's engine,
+    whose core is a child process."""
+    from vllm.platforms import current_platform  # noqa: PLC0415
+
+    if not current_platform.is_cpu():
+        pytest.skip("the engine core moves into the role's process on CPU only")
+    reqs = requests(n=5, max_tokens=16)
+    done = subprocess.run(
+        [sys.executable, "-c", _OWN_PROCESS_ENGINE, str(tiny_policy_dir),
+         json.dumps([dataclasses.astuple(r) for r in reqs])],
+        capture_output=True, text=True, timeout=300, check=False,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["pids"] == []
+    assert vllm_engine.engine_pids(), "the session's engine core is a child process"
+    # The policy's own weights (an earlier test may have published others).
+    vllm_engine.load_weights(tiny_policy_dir / "model.safetensors", vllm_engine.policy_version)
+    expected = vllm_engine.generate(reqs, SAMPLING)
+    for (tokens, logprobs), want in zip(got["results"], expected, strict=True):
+        assert tuple(tokens) == want.token_ids
+        assert logprobs == pytest.approx(list(want.logprobs), abs=1e-5)
 
 
 def test_vllm_engine_core_process_is_found(vllm_engine):

@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from thundersync_core.rollout.engine import RolloutEngine
 
@@ -49,9 +49,12 @@ def make_engine(
     max_model_len: int = 4096,
     tensor_parallel_size: int = 1,
     lora_rank: int | None = None,
+    engine_core: Literal["auto", "child", "inline"] = "child",
 ) -> RolloutEngine:
     """vLLM when asked for or, with ``auto``, when installed; else the transformers engine.
-    ``lora_rank``: a vLLM engine with LoRA support for adapters of at most that rank."""
+    ``lora_rank``: a vLLM engine with LoRA support for adapters of at most that rank.
+    ``engine_core``: where vLLM's engine core runs (``rollout.engine_core``; ``inline`` and
+    ``auto`` only in a process of the engine's own)."""
     from thundersync_core.rollout.hf_engine import HFEngine
     from thundersync_core.rollout.vllm_engine import VLLMEngine, vllm_available
 
@@ -59,7 +62,13 @@ def make_engine(
         extra: dict[str, Any] = {}
         if tensor_parallel_size > 1:
             extra["tensor_parallel_size"] = tensor_parallel_size
-        return VLLMEngine(model_dir, max_model_len=max_model_len, lora_rank=lora_rank, **extra)
+        return VLLMEngine(
+            model_dir,
+            max_model_len=max_model_len,
+            lora_rank=lora_rank,
+            engine_core=engine_core,
+            **extra,
+        )
     if tensor_parallel_size > 1:
         raise ValueError(
             f"resources.rollout.tensor_parallel_size: {tensor_parallel_size} needs the vLLM "

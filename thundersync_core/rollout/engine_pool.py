@@ -25,7 +25,7 @@ import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from thundersync_core.rollout.engine import (
     EngineFailed,
@@ -78,6 +78,7 @@ class EngineActor:
         cores: tuple[int, ...] = (),
         index: int = 0,
         lora_rank: int | None = None,
+        engine_core: Literal["auto", "child", "inline"] = "child",
     ) -> None:
         from thundersync_core.runtime.placement import pin_to_cores  # noqa: PLC0415
 
@@ -91,6 +92,7 @@ class EngineActor:
             max_model_len=max_model_len,
             tensor_parallel_size=tensor_parallel_size,
             lora_rank=lora_rank,
+            engine_core=engine_core,
         )
 
     def generate(
@@ -303,11 +305,12 @@ def start_engines(
     policy_version: int,
     placement: Reservation | None = None,
     lora_rank: int | None = None,
+    engine_core: Literal["auto", "child", "inline"] = "child",
 ) -> EnginePool:
     """``engines`` EngineActors, each with its share of the rollout role's GPUs and CPUs
     (cores: engine i takes cores[i::engines], all of them when there are fewer cores than
     engines; engine i in bundle i of ``placement``), as one pool; ``lora_rank``: vLLM
-    engines with LoRA support (``make_engine``)."""
+    engines with LoRA support (``make_engine``); ``engine_core``: ``rollout.engine_core``."""
     import ray  # noqa: PLC0415
 
     from thundersync_core.runtime.placement import in_bundle  # noqa: PLC0415
@@ -329,6 +332,7 @@ def start_engines(
             cores=cores[i::engines] if len(cores) >= engines else cores,
             index=i,
             lora_rank=lora_rank,
+            engine_core=engine_core,
         )
         for i in range(engines)
     ]

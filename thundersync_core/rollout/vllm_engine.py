@@ -67,7 +67,8 @@ def vllm_available() -> bool:
 
 
 class VLLMEngine:
-    """vLLM's ``LLM``; its engine core runs in a spawned process (guard your ``__main__``)."""
+    """vLLM's ``LLM``; its engine core runs in a spawned process (guard your ``__main__``)
+    or, ``engine_core: inline``, in this one."""
 
     def __init__(
         self,
@@ -78,10 +79,14 @@ class VLLMEngine:
         kv_cache_gib: int = 1,
         seed: int = 0,
         lora_rank: int | None = None,
+        engine_core: Literal["auto", "child", "inline"] = "child",
         **engine_kwargs: Any,
     ) -> None:
         """``lora_rank``: start with vLLM's LoRA support for adapters of at most this rank
-        (``load_adapter``); None: full weights only."""
+        (``load_adapter``); None: full weights only. ``engine_core`` (``rollout.engine_core``):
+        ``inline`` (``auto`` on CPU at one worker) runs the engine core in this process,
+        which vLLM then sets up as its worker (its distributed group, random seeds and
+        thread settings): only for a process of the engine's own, such as a Ray role."""
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -99,6 +104,22 @@ class VLLMEngine:
             # the smallest its kernels take. The embedded rollout stage: 12-14% shorter, the
             # same tokens sampled.
             engine_kwargs.setdefault("block_size", 32)
+        if engine_core == "auto":
+            one_worker = int(engine_kwargs.get("tensor_parallel_size", 1)) == 1
+            one_core = len(os.sched_getaffinity(0)) == 1
+            inline = current_platform.is_cpu() and one_worker and one_core
+            engine_core = "inline" if inline else "child"
+        # vLLM reads it when the engine starts (later engines of this process too).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if engine_core == "inline" else "1"
+        self.engine_core = engine_core
+        # Inline, engine steps run on whichever thread calls (a Ray actor's): vLLM CPU sizes
+        # an attention step's work by the calling thread's OpenMP thread count and refuses
+        # a kernel that runs with another, and a thread's count starts at the process's
+        # first (not the role's cores) until torch first sets it. Each call sets it first
+        # (vLLM replaces torch.set_num_threads with a no-op; torch's own setter remains).
+        import torch
+
+        self._threads = torch.get_num_threads() if engine_core == "inline" else 0
         if lora_rank is not None:
             engine_kwargs.update(
                 enable_lora=True,
@@ -139,6 +160,7 @@ class VLLMEngine:
             )
         prompts: Any = [{"prompt_token_ids": list(r.prompt_ids)} for r in requests]
         params = [_params(r, sampling) for r in requests]
+        self._thread_count()
         with _engine_failure("generate"):
             outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
         return [self._result(r, o) for r, o in zip(requests, outputs, strict=True)]
@@ -163,6 +185,7 @@ class VLLMEngine:
         request is in the engine: ``unfinished`` is 0)."""
         if not self._streamed:
             return []
+        self._thread_count()
         with _engine_failure("generate"):
             outputs = self.llm.llm_engine.step()
         return [
@@ -182,6 +205,13 @@ class VLLMEngine:
     def unfinished(self) -> int:
         """Submitted requests not yet collected."""
         return len(self._streamed)
+
+    def _thread_count(self) -> None:
+        """Inline: this thread's OpenMP thread count is the engine's (see ``__init__``)."""
+        if self._threads:
+            import torch
+
+            torch._C.set_num_threads(self._threads)
 
     def _result(self, request: GenerationRequest, output: Any) -> GenerationResult:
         completion = output.outputs[0]
@@ -276,7 +306,7 @@ class VLLMEngine:
         """The engine core's process ids: the processes vLLM's client started, or else this
         process's children titled ``VLLM::EngineCore`` by vLLM (matched on the kernel's
         15-character name, as the full title, read from the command line, is not always
-        there to read)."""
+        there to read); none when the engine core is inline."""
         import psutil
 
         manager: Any = self.llm

@@ -108,6 +108,7 @@ class RolloutWorker:
                 policy_version=policy_version,
                 placement=placement,
                 lora_rank=engine_rank,
+                engine_core=config.engine_core,
             )
         else:
             self.engine = make_engine(
@@ -116,6 +117,7 @@ class RolloutWorker:
                 max_model_len=config.max_model_len,
                 tensor_parallel_size=res.tensor_parallel_size,
                 lora_rank=engine_rank,
+                engine_core=config.engine_core,
             )
             self.engine.policy_version = policy_version
         tokenizer = load_tokenizer(model_dir)
@@ -275,7 +277,8 @@ class RolloutWorker:
         return {"worker": here, "engines": list(engines()) if callable(engines) else [here]}
 
     def engine_pids(self) -> list[int]:
-        """Processes of the engine apart from this one (vLLM's engine core; none for hf)."""
+        """Processes of the engine apart from this one (vLLM's engine core; none for hf or
+        an inline engine core)."""
         pids = getattr(self.engine, "engine_pids", None)
         return list(pids()) if callable(pids) else []
 
