@@ -4,8 +4,11 @@ best sync learner, on the same batch.
 Rewards land in waves (``--wave`` trajectories at a time, in a seeded random order), as
 they do when a bounded number of episodes is in flight: the streaming learner gets each
 wave as it lands, one trajectory at a time (``per-source``) or as one ``submit_many``
-(``packed``, packs of at most ``--pack-tokens`` padded tokens; ``fixed order``: a group
-runs once whole, in trajectory-id order, bitwise the sync update). The sync learners get the
+(``packed``, packs of at most ``--pack-tokens`` padded tokens, a group's rows cut by length
+where padding costs more than another pack; ``fixed order``: a group runs once whole, in
+trajectory-id order, bitwise the sync update). ``uncut`` is the packed sync learner with
+the rows of a group kept in trajectory-id order and cut only at the bound, one straggler
+widening its group's every row. The sync learners get the
 whole batch once it is complete: the per-source executor fed in trajectory-id order, the
 padded whole-batch learner, and the packed executor. Busy time is the learner's own work
 (submits and the barrier), the median of ``--repeats`` runs, on ``--threads`` threads (the
@@ -13,6 +16,11 @@ learner's one core in the embedded default). The gradients are checked against t
 sync learner's.
 
     python benchmarks/learner_packing.py [--groups 16 --group-size 8 ...] [--out FILE.json]
+    python benchmarks/learner_packing.py --batch benchmarks/data/embedded_batch.jsonl --preset wide
+
+``--batch`` times a logged batch (a run's ``batches/step-*.jsonl``) instead of the
+synthetic one: real episodes, whose lengths in a group are uneven (most end in one turn,
+a few run all three).
 
 Prints a table and a JSON line: each learner's busy seconds and its ratio to the best sync
 learner (the packed streaming learner's is the figure to watch: <= 1.05 means streaming
@@ -28,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,10 +44,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_release_tail import make_batch
 
-from thundersync_core.batch import Trajectory
+from thundersync_core.batch import Trajectory, read_batch
 from thundersync_core.policy import build_model
 from thundersync_core.replay import relative_difference
-from thundersync_core.streaming import StreamingGRPOLearner, SyncGRPOLearner, groups_of
+from thundersync_core.streaming import StreamingGRPOLearner, SyncGRPOLearner, groups_of, grpo_stream
 
 
 def waves(batch: list[Trajectory], size: int, seed: int) -> list[list[Trajectory]]:
@@ -79,6 +88,14 @@ def learners(
             learner.submit_many(wave, pack_tokens=args.pack_tokens)
         return learner.finish()
 
+    def uncut() -> object:
+        length_aware = grpo_stream._packs
+        grpo_stream._packs = _consecutive_packs
+        try:
+            return packed([ordered], n_groups, "fixed")
+        finally:
+            grpo_stream._packs = length_aware
+
     def batched() -> object:
         learner = SyncGRPOLearner(model, loss_agg="token-mean")
         learner.begin_batch(groups)
@@ -94,8 +111,24 @@ def learners(
         "streaming per-source": lambda: per_source(arrivals, args.max_open_groups),
         "streaming packed": lambda: packed(arrivals, args.max_open_groups),
         "sync packed, fixed order": lambda: packed([ordered], n_groups, "fixed"),
+        "sync packed, uncut": uncut,
         "streaming packed, fixed order": lambda: packed(arrivals, args.max_open_groups, "fixed"),
     }
+
+
+def _consecutive_packs(trajs: list[Trajectory], pack_tokens: int) -> list[list[Trajectory]]:
+    """Consecutive runs of ``trajs`` whose padded size (rows x longest row) fits the bound."""
+    packs: list[list[Trajectory]] = []
+    current: list[Trajectory] = []
+    width = 0
+    for traj in trajs:
+        row = 1 + len(traj.response_ids)
+        if current and (len(current) + 1) * max(width, row) > pack_tokens:
+            packs.append(current)
+            current, width = [], 0
+        current.append(traj)
+        width = max(width, row)
+    return [*packs, current] if current else packs
 
 
 def main() -> None:
@@ -112,11 +145,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=Path, help="a logged batch instead of the synthetic one")
     parser.add_argument("--out", type=Path, help="write the JSON here too")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = build_model(args.preset, seed=0)
-    batch = make_batch(args, model.config.vocab_size)
+    if args.batch:  # its policy version made version 0, the learners' here
+        batch = [replace(t, policy_version=0) for t in read_batch(args.batch)]
+    else:
+        batch = make_batch(args, model.config.vocab_size)
     runs = learners(model, batch, args)
     runs["sync per-source"]()  # warm-up: kernels and allocator
     busy: dict[str, list[float]] = {name: [] for name in runs}
@@ -149,7 +186,20 @@ def main() -> None:
         )
     keys = ("preset", "groups", "group_size", "prompt_tokens", "response_tokens", "segments")
     keys += ("wave", "pack_tokens", "max_open_groups", "threads")
+    if args.batch:  # the batch's own shape, not the synthetic one's flags
+        keys = ("preset", "wave", "pack_tokens", "max_open_groups", "threads")
     shape = {k: getattr(args, k) for k in keys}
+    if args.batch:
+        rows_T = [1 + len(t.response_ids) for t in batch]
+        shape |= {
+            "batch": str(args.batch),
+            "groups": len(groups_of(batch)),
+            "trajectories": len(batch),
+            "row_tokens": sum(rows_T),
+            "row_tokens_padded_per_group": sum(
+                len(m) * max(1 + len(t.response_ids) for t in m) for m in _by_group(batch).values()
+            ),
+        }
     summary = {
         "best_sync": best_sync,
         "streaming_packed_over_best_sync": rows["streaming packed"]["over_best_sync"],
@@ -165,6 +215,8 @@ def main() -> None:
                 strict=True,
             )
         ),
+        "length_aware_over_uncut": rows["sync packed, fixed order"]["busy_s"]
+        / rows["sync packed, uncut"]["busy_s"],
         "learners": rows,
         "shape": shape,
         "command": "python " + " ".join(["benchmarks/learner_packing.py", *sys.argv[1:]]),
@@ -172,6 +224,13 @@ def main() -> None:
     print(json.dumps(summary))
     if args.out is not None:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def _by_group(batch: list[Trajectory]) -> dict[str, list[Trajectory]]:
+    out: dict[str, list[Trajectory]] = {}
+    for traj in batch:
+        out.setdefault(traj.group_id, []).append(traj)
+    return out
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from thundersync_core.config import load_config
 from thundersync_core.policy import build_model, build_tokenizer, save_policy
 from thundersync_core.rollout.vllm_engine import vllm_available
 from thundersync_core.rollout.weights import publication_root
+from thundersync_core.streaming.grpo_stream import _packs
 from thundersync_core.train import TrainingError, train
 from thundersync_core.train_cli import PREEMPTED_EXIT
 
@@ -106,12 +107,16 @@ def test_packed_learners_give_the_per_source_update(tmp_path, tiny_prep_dir, sol
         )
         train(cfg, tmp_path / name)
         records[name] = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
-    # Sync hands the batch over at once: each group is one pack, with one backward unless
-    # its rewards are all equal (no advantage, no gradient).
-    rewards: dict[str, set[float]] = {}
+    # Sync hands the batch over at once: each group runs as its packs (rows cut by length),
+    # one backward each unless its rewards are all equal (no advantage, no gradient).
+    members: dict[str, list] = {}
     for traj in read_batch(tmp_path / "sync-packed" / "batches" / "step-000000.jsonl"):
-        rewards.setdefault(traj.group_id, set()).add(traj.reward)
-    assert records["sync-packed"]["pack_backwards"] == sum(len(r) > 1 for r in rewards.values())
+        members.setdefault(traj.group_id, []).append(traj)
+    assert records["sync-packed"]["pack_backwards"] == sum(
+        len(_packs(sorted(m, key=lambda t: t.trajectory_id), 4096))
+        for m in members.values()
+        if len({t.reward for t in m}) > 1
+    )
     assert records["sync-packed"]["pack_backwards"] >= 1
     assert records["sync-packed"]["packed_trajectories"] == 8
     assert records["per-source"]["pack_backwards"] == 0

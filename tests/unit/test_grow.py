@@ -55,6 +55,22 @@ def test_the_grown_model_computes_what_the_small_one_did(large, dtype, tol):
     assert torch.equal(dict(grown.named_parameters())[q], before[q])
 
 
+def test_growth_in_width_alone_keeps_the_function():
+    # The embedded policy: tiny's four layers, a wider residual stream, more heads and MLP.
+    small = _trained_looking("tiny", torch.float64)
+    grown = _without_eps(build_model("wide", seed=2, dtype=torch.float64))
+    grow_into(small, grown)
+    ids = torch.randint(
+        0, small.config.vocab_size, (3, 40), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        want, got = small(ids).logits, grown(ids).logits
+    assert float((want - got).abs().max() / want.abs().max()) <= 1e-12
+    assert grown.config.intermediate_size > small.config.intermediate_size
+    new_neurons = grown.model.layers[0].mlp.down_proj.weight[:, small.config.intermediate_size :]
+    assert not new_neurons.any()  # they write nothing yet
+
+
 def test_the_new_parts_get_gradients():
     small = _trained_looking("tiny", torch.float64)
     grown = _without_eps(build_model("small", seed=2, dtype=torch.float64))

@@ -20,7 +20,9 @@ import torch
 
 from tests.helpers import random_batch, reference_grad_j, rel_diff
 from tests.unit.test_offpolicy import CLIP, _reference_grpo, _with_behaviour
+from thundersync_core.batch import Segment, Trajectory
 from thundersync_core.streaming import StreamingGRPOLearner, groups_of
+from thundersync_core.streaming.grpo_stream import PACK_OVERHEAD_TOKENS, _packs
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -57,14 +59,16 @@ def test_packs_match_the_reference(micro64, micro32, batch, dtype, loss_agg, pac
     assert result.counters["prefix_replays"] == 3
 
 
-def test_whole_groups_take_one_backward_each(micro64, batch):
-    # Everything at once (as sync hands it over): each group is one closing pack.
+def test_whole_groups_take_one_backward_a_pack(micro64, batch):
+    # Everything at once (as sync hands it over): each group closes at once, as its packs.
     learner = StreamingGRPOLearner(micro64, max_open_groups=3)
     learner.begin_batch(groups_of(batch))
     learner.submit_many(batch, pack_tokens=10_000)
     result = learner.finish()
+    plans = [_packs([t for t in batch if t.group_id == g], 10_000) for g in groups_of(batch)]
+    assert [len(plan) for plan in plans] == [1, 1, 2]  # g2's two short rows cut from the rest
     assert result.counters["packed_trajectories"] == len(batch)
-    assert result.counters["pack_backwards"] == 3
+    assert result.counters["pack_backwards"] == 4
     assert result.counters["trajectory_backwards"] == 0
     _, ref_grads = reference_grad_j(micro64, batch)
     assert rel_diff(ref_grads, result.grad_objective) <= 1e-10
@@ -169,3 +173,93 @@ def test_fixed_order_packs_wait_for_the_whole_group(micro64, batch):
     learner.submit_many([t for t in batch if t not in members], pack_tokens=10_000)
     _, ref_grads = reference_grad_j(micro64, batch)
     assert rel_diff(ref_grads, learner.finish().grad_objective) <= 1e-10
+
+
+def _rows(lengths: list[int], *, group: str = "g", seed: int = 0, vocab: int = 64):
+    """One trajectory per length: a row of ``length`` tokens (the prompt's last, then the
+    response), rewards drawn from ``seed``."""
+    rng = random.Random(seed)
+    return [
+        Trajectory(
+            group,
+            f"{group}-t{i}",
+            (1, 2, 3),
+            (Segment.action([rng.randrange(vocab) for _ in range(n - 1)], [True] * (n - 1)),),
+            float(rng.random() < 0.5) + i / 100,
+        )
+        for i, n in enumerate(lengths)
+    ]
+
+
+def _width(pack) -> int:
+    return max(1 + len(t.response_ids) for t in pack)
+
+
+def _cost(packs) -> int:
+    return sum(PACK_OVERHEAD_TOKENS + len(p) * _width(p) for p in packs)
+
+
+def _partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        yield [[first], *part]
+        for i in range(len(part)):
+            yield [*part[:i], [first, *part[i]], *part[i + 1 :]]
+
+
+def test_a_straggler_runs_alone_instead_of_widening_its_group():
+    # Seven rows of 56 tokens and one of 212 (the episode that ran its three turns).
+    trajs = _rows([56, 56, 212, 56, 56, 56, 56, 56])
+    packs = _packs(trajs, 4096)
+    assert [[t.trajectory_id for t in p] for p in packs] == [
+        [f"g-t{i}" for i in (0, 1, 3, 4, 5, 6, 7)],
+        ["g-t2"],
+    ]
+    assert _cost(packs) == 2 * PACK_OVERHEAD_TOKENS + 7 * 56 + 212  # against 8 x 212 as one
+
+
+def test_rows_of_near_one_length_stay_one_pack_and_the_bound_holds():
+    assert len(_packs(_rows([61, 61, 62, 61, 60, 61, 61, 61]), 4096)) == 1
+    packs = _packs(_rows([100] * 8), 350)  # three rows of 100 fit, four do not
+    assert [len(p) for p in packs] == [3, 3, 2]
+    assert [len(p) for p in _packs(_rows([500, 20]), 100)] == [1, 1]  # longer than the bound
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_plan_is_the_cheapest_of_every_partition(seed):
+    # An exhaustive check of the sorted-runs dynamic programme: no split of the rows into
+    # packs within the bound (877 of them for seven rows) costs less.
+    rng = random.Random(seed)
+    trajs = _rows([rng.choice([rng.randint(20, 70), rng.randint(100, 300)]) for _ in range(7)])
+    bound = rng.choice([400, 1000, 4096])
+    packs = _packs(trajs, bound)
+    assert sorted(t.trajectory_id for p in packs for t in p) == [t.trajectory_id for t in trajs]
+    fits = [
+        part for part in _partitions(trajs)
+        if all(len(p) == 1 or len(p) * _width(p) <= bound for p in part)
+    ]  # fmt: skip
+    assert _cost(packs) == min(map(_cost, fits))
+    index = {t.trajectory_id: i for i, t in enumerate(trajs)}
+    firsts = [[index[t.trajectory_id] for t in p] for p in packs]
+    assert all(f == sorted(f) for f in firsts)  # input order kept in a pack,
+    assert firsts == sorted(firsts)  # and from pack to pack
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("order", ["arrival", "fixed"])
+def test_split_groups_match_the_reference(micro64, micro32, dtype, order):
+    model = micro64 if dtype == torch.float64 else micro32
+    vocab = model.config.vocab_size
+    batch = _rows([9, 9, 130, 9, 9], group="a", seed=1, vocab=vocab)
+    batch += _rows([12, 150, 12, 160, 12, 12], group="b", seed=2, vocab=vocab)
+    ref_objective, ref_grads = reference_grad_j(model, batch, "token-mean")
+    learner = StreamingGRPOLearner(model, loss_agg="token-mean", max_open_groups=2, order=order)
+    learner.begin_batch(groups_of(batch))
+    learner.submit_many(batch, pack_tokens=4096)
+    result = learner.finish()
+    assert result.counters["pack_backwards"] == 4  # each group: its short rows, its long
+    assert rel_diff(ref_grads, result.grad_objective) <= TOLERANCE[dtype]
+    assert result.objective == pytest.approx(ref_objective, rel=TOLERANCE[dtype], abs=1e-12)

@@ -22,10 +22,12 @@ It costs memory: an open group holds one gradient per arrived trajectory instead
 statistics, and a closed group holds its contribution until the barrier.
 
 ``submit_many`` takes several landed trajectories at once (what queued while the learner
-was busy). Those that close their group run as a pack: one right-padded forward over the
-group's prompt cache, bounded by ``pack_tokens`` padded tokens; the pack knows every
-advantage A_i = a (r_i - shift) + b, so a single backward of sum_i A_i S_i joins
-a x1 + b x2 of the trajectories before it. A pack that left its group open would need two
+was busy). Those that close their group run as packs: right-padded forwards over the
+group's prompt cache, each of at most ``pack_tokens`` padded tokens, the rows cut by length
+where padding would cost more than another pack (``_packs``: a group's one long episode
+runs alone instead of widening the others to its length). Every advantage
+A_i = a (r_i - shift) + b is then known, so one backward of sum_i A_i S_i a pack joins
+a x1 + b x2 of the trajectories before them. A pack that left its group open would need two
 backwards (sum_i S_i into x2, sum_i (r_i - shift) S_i into x1), as many row backwards as
 one at a time, so the members of a group that stays open run one at a time.
 The sufficient statistics, hence the update, are the per-trajectory path's (up to float
@@ -203,8 +205,7 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             by_group.setdefault(traj.group_id, []).append(traj)
         for group_id, members in by_group.items():
             if group_id in self._open or len(self._open) < self.max_open_groups:
-                for pack in self._plan_packs(group_id, members, pack_tokens):
-                    self._process_pack(pack)
+                self._run_landed(group_id, members, pack_tokens)
                 self._admit_held()
             else:
                 self._held.extend(members)
@@ -227,54 +228,46 @@ class StreamingGRPOLearner(GRPOLearnerBase):
                 continue
             del self._waiting[group_id]
             members.sort(key=lambda traj: traj.trajectory_id)
-            group = self._open_group(group_id)
-            group.rewards = [traj.reward for traj in members]
-            group.shift = members[0].reward
-            coeff_x1, coeff_x2 = close_coefficients(group.rewards, group.shift)
-            direct: list[torch.Tensor | None] | None = None
-            for pack in _packs(members, pack_tokens):
-                weights = [coeff_x1 * (t.reward - group.shift) + coeff_x2 for t in pack]
-                scores, grads = self._pack_scores_and_grads(pack, group.prefix, weights)
-                group.scores += scores
-                if grads is None:
-                    continue
-                if direct is None:
-                    direct = grads
-                else:  # in place: the sum and one pack's gradient, never two sums
-                    direct = [d if g is None else (g if d is None else _add_into(d, g))
-                              for d, g in zip(direct, grads, strict=True)]  # fmt: skip
-                del grads  # not held through the next pack's backward
-            self._close(group_id, direct=direct)
+            self._run_closing(group_id, members, pack_tokens)
 
-    def _plan_packs(
-        self, group_id: str, members: list[Trajectory], pack_tokens: int
-    ) -> list[list[Trajectory]]:
-        """Packs only where they save work: a pack that closes its group takes one backward
-        for all its rows, but one that leaves it open takes two (x1 and x2), as many row
-        backwards as its rows take one at a time. So members that close the group run as
-        packs (the last closing it), and members of a group that stays open one by one."""
-        seen = len(self._open[group_id].rewards) if group_id in self._open else 0
-        if seen + len(members) < self._groups[group_id].size:
-            return [[traj] for traj in members]
-        packs = _packs(members, pack_tokens)
-        return [[traj] for pack in packs[:-1] for traj in pack] + packs[-1:]
-
-    def _process_pack(self, pack: list[Trajectory]) -> None:
-        """Trajectories that close their group: one padded forward, one backward."""
-        if len(pack) == 1:
-            self._process(pack[0])
-            return
-        group_id = pack[0].group_id
+    def _run_closing(self, group_id: str, members: list[Trajectory], pack_tokens: int) -> None:
+        """``members`` close their group: every advantage is known, so each of their packs
+        (of at most ``pack_tokens`` padded tokens, 0: one trajectory a pack) takes one
+        backward of sum_i A_i S_i; their sum joins the group's statistics at its close."""
         group = self._open.get(group_id) or self._open_group(group_id)
         if group.shift is None:
-            group.shift = pack[0].reward
-        rewards = group.rewards + [t.reward for t in pack]
-        assert len(rewards) == group.spec.size, "a pack closes its group"
+            group.shift = members[0].reward
+        rewards = group.rewards + [traj.reward for traj in members]
+        assert len(rewards) == group.spec.size, "the members close their group"
         coeff_x1, coeff_x2 = close_coefficients(rewards, group.shift)
-        advantages_B = [coeff_x1 * (t.reward - group.shift) + coeff_x2 for t in pack]
-        scores, grads = self._pack_scores_and_grads(pack, group.prefix, advantages_B)
-        group.rewards, group.scores = rewards, group.scores + scores
-        self._close(group_id, direct=grads)
+        direct: list[torch.Tensor | None] | None = None
+        for pack in _packs(members, pack_tokens) if pack_tokens > 0 else [[t] for t in members]:
+            weights = [coeff_x1 * (t.reward - group.shift) + coeff_x2 for t in pack]
+            scores, grads = self._pack_scores_and_grads(pack, group.prefix, weights)
+            # A pack's rows in the order of their scores: the objective pairs them.
+            group.rewards += [t.reward for t in pack]
+            group.scores += scores
+            if grads is None:
+                continue
+            if direct is None:
+                direct = grads
+            else:  # in place: the sum and one pack's gradient, never two sums
+                direct = [d if g is None else (g if d is None else _add_into(d, g))
+                          for d, g in zip(direct, grads, strict=True)]  # fmt: skip
+            del grads  # not held through the next pack's backward
+        self._close(group_id, direct=direct)
+
+    def _run_landed(self, group_id: str, members: list[Trajectory], pack_tokens: int) -> None:
+        """Landed members of an admitted group (order="arrival"): if they close it, they run
+        as packs, each knowing its advantages (one backward each); if it stays open, one at
+        a time, since a pack that left its group open would take two backwards (x1 and x2),
+        as many row backwards as its rows take one at a time."""
+        seen = len(self._open[group_id].rewards) if group_id in self._open else 0
+        if seen + len(members) < self._groups[group_id].size:
+            for traj in members:
+                self._process(traj)
+        else:
+            self._run_closing(group_id, members, pack_tokens)
 
     def _pack_scores_and_grads(
         self, pack: list[Trajectory], prefix: SharedPrefix | None, weights: list[float]
@@ -466,19 +459,39 @@ def _add_into(total: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     return total.add_(grad) if total.is_contiguous() else total + grad
 
 
+#: A pack's fixed cost in padded-token equivalents (one more forward and backward through
+#: the layers): on one core of the 2-core box, the wide policy on a logged batch
+#: (benchmarks/data/embedded_batch.jsonl), a group as 8 one-row packs took 35 ms a pack
+#: more than as one, and a padded token about 1.5 ms.
+PACK_OVERHEAD_TOKENS = 32
+
+
 def _packs(trajs: list[Trajectory], pack_tokens: int) -> list[list[Trajectory]]:
-    """Consecutive runs of ``trajs`` whose padded size (rows x longest row) fits the bound;
-    a trajectory longer than the bound is a pack of its own."""
-    packs: list[list[Trajectory]] = []
-    current: list[Trajectory] = []
-    width = 0
-    for traj in trajs:
-        row = 1 + len(traj.response_ids)
-        if current and (len(current) + 1) * max(width, row) > pack_tokens:
-            packs.append(current)
-            current, width = [], 0
-        current.append(traj)
-        width = max(width, row)
-    if current:
-        packs.append(current)
-    return packs
+    """``trajs`` as packs of at most ``pack_tokens`` padded tokens (rows x longest row; a
+    trajectory longer than the bound is a pack of its own), split where padding costs more
+    than another pack: the rows, by length, cut into the runs of least padded tokens plus
+    ``PACK_OVERHEAD_TOKENS`` a pack (a group's one straggler runs alone instead of widening
+    seven rows to its length). Deterministic in ``trajs``' order: within a pack, and from
+    pack to pack, rows keep it (ties of length too), so a plan, hence every float sum, is a
+    function of the members alone."""
+    if not trajs:
+        return []
+    rows = [1 + len(traj.response_ids) for traj in trajs]
+    order = sorted(range(len(trajs)), key=lambda i: (rows[i], i))
+    # best[j]: the least cost of the j shortest rows; cut[j]: where their last run starts.
+    best = [0] + [math.inf] * len(order)
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        width = rows[order[j - 1]]  # the longest of any run ending at j
+        for i in range(j - 1, -1, -1):
+            if j - i > 1 and (j - i) * width > pack_tokens:
+                break
+            cost = best[i] + PACK_OVERHEAD_TOKENS + (j - i) * width
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    runs: list[list[int]] = []
+    j = len(order)
+    while j > 0:
+        runs.append(sorted(order[cut[j] : j]))
+        j = cut[j]
+    return [[trajs[i] for i in run] for run in sorted(runs)]
