@@ -290,9 +290,10 @@ class TrainConfig(_Strict):
     learner_order: Literal["arrival", "fixed"] = "arrival"
     #: Trajectories that landed while the learner was busy go over together, and those
     #: that close their group run as one padded pack (one backward) of at most this many
-    #: tokens; 0: one at a time. Applies to the per-source GRPO learner of sync and
-    #: thundersync on one rank (``packs``); ignored elsewhere. With learner_order fixed a
-    #: group runs once its last trajectory lands, in trajectory-id order, as packs.
+    #: tokens; 0: one at a time. Applies to the per-source GRPO learner on one rank, under
+    #: every schedule (``packs``; the off-policy ones weight each row's tokens as one at a
+    #: time would); ignored elsewhere. With learner_order fixed a group runs once its last
+    #: trajectory lands, in trajectory-id order, as packs.
     learner_pack_tokens: int = Field(default=0, ge=0)
     #: When the per-source GRPO learner runs a trajectory's backward: ``trajectory`` as its
     #: reward lands (each open group holds two gradient-sized statistics, at most
@@ -389,13 +390,12 @@ class TrainConfig(_Strict):
     @property
     def packs(self) -> bool:
         """Whether the learner runs packs: ``learner_pack_tokens`` set, and the per-source
-        GRPO learner of sync or thundersync, on one rank (elsewhere
+        GRPO learner (any schedule; not sync's batched learner) on one rank (elsewhere
         sources go over one at a time)."""
         return bool(
             self.learner_pack_tokens
             and self.objective == "grpo"
-            and self.schedule in ("sync", "thundersync")
-            and self.sync_learner == "per-source"
+            and not (self.schedule == "sync" and self.sync_learner == "batched")
             and self.resources.learner.ranks == 1
         )
 

@@ -100,6 +100,8 @@ def test_packed_learners_give_the_per_source_update(tmp_path, tiny_prep_dir, sol
         ("per-source", "sync", 0, "arrival"),
         ("sync-packed", "sync", 4096, "fixed"),
         ("thundersync-packed", "thundersync", 4096, "fixed"),
+        # Its first batch is sync's, sampled by the weights it trains (importance weights 1).
+        ("async-packed", "async", 4096, "fixed"),
     ):
         cfg = load_config(
             train_config_file(tmp_path, tiny_prep_dir, solver_policy_dir),
@@ -120,7 +122,8 @@ def test_packed_learners_give_the_per_source_update(tmp_path, tiny_prep_dir, sol
     assert records["sync-packed"]["pack_backwards"] >= 1
     assert records["sync-packed"]["packed_trajectories"] == 8
     assert records["per-source"]["pack_backwards"] == 0
-    for name in ("sync-packed", "thundersync-packed"):
+    assert records["async-packed"]["packed_trajectories"] == 8
+    for name in ("sync-packed", "thundersync-packed", "async-packed"):
         for key in ("loss", "grad_norm", "reward_mean"):
             assert records[name][key] == pytest.approx(records["per-source"][key], rel=1e-5), key
     # Packs in trajectory-id order: thundersync's update is bitwise sync's.
@@ -390,6 +393,8 @@ def test_off_policy_schedules_record_bounded_staleness(
         if engine == "vllm"
         else {}
     )
+    # GRPO as the embedded demo runs it: a group once whole, in trajectory-id order, as packs.
+    packs = {"learner_pack_tokens": 4096, "learner_order": "fixed"} if objective == "grpo" else {}
     config = train_config_file(
         tmp_path,
         tiny_prep_dir,
@@ -403,6 +408,7 @@ def test_off_policy_schedules_record_bounded_staleness(
         tasks__dev_samples=1,
         resources__rollout__engines=engines,
         **publication,
+        **packs,
     )
     summary = train(load_config(config), tmp_path / "run")
     # The dev evaluation after training samples the last step's weights (the pipeline's
@@ -421,6 +427,7 @@ def test_off_policy_schedules_record_bounded_staleness(
             assert math.isfinite(record["reverse_kl"])
         else:
             assert record["reverse_kl"] is None
+            assert record["packed_trajectories"] == 8  # every trajectory in a pack
         if publication:
             # Every version was broadcast whole to both engines (the tiny model's float32
             # weights), and arrived checked.

@@ -111,6 +111,30 @@ def test_packed_importance_weights_match_the_plain_reference(micro64):
     micro64.zero_grad(set_to_none=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("pack_tokens", [16, 10_000])
+@pytest.mark.parametrize("seed", [0, 4])
+def test_off_policy_packs_in_id_order_match_the_plain_reference(
+    micro64, micro32, dtype, pack_tokens, seed
+):
+    # What async and the pipeline run: sources up to one version stale, truncated
+    # importance weights, groups whole and in trajectory-id order, as packs.
+    model = micro64 if dtype == torch.float64 else micro32
+    batch = _with_behaviour(model, random_batch(7, model.config.vocab_size), seed=seed)
+    batch = [t.__class__(**{**t.__dict__, "policy_version": 2 + i % 2})
+             for i, t in enumerate(batch)]  # fmt: skip
+    expected = _reference_grpo(model, batch)
+    learner = StreamingGRPOLearner(
+        model, policy_version=3, max_lag=1, is_clip=CLIP, max_open_groups=1, order="fixed"
+    )
+    result = run_packed(learner, batch, seed=seed, pack_tokens=pack_tokens)
+    assert result.counters["trajectory_backwards"] == 0
+    assert result.counters["packed_trajectories"] == len(batch)
+    assert rel_diff(expected, result.grad_objective) <= TOLERANCE[dtype]
+    assert 0 < learner.is_stats["clipped"] < learner.is_stats["tokens"]
+    model.zero_grad(set_to_none=True)
+
+
 def test_a_non_finite_pack_score_is_refused_naming_the_trajectory(micro64, batch):
     members = [t for t in batch if t.group_id == batch[0].group_id]
     learner = StreamingGRPOLearner(micro64, max_open_groups=3)

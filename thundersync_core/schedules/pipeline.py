@@ -22,6 +22,7 @@ from thundersync_core.batch import Trajectory
 from thundersync_core.rollout.agent import TurnReady
 from thundersync_core.runtime.rollout_worker import RolloutSpec
 from thundersync_core.schedules.base import (
+    LearnerMailbox,
     RunContext,
     StepOutcome,
     events,
@@ -40,6 +41,8 @@ def run(ctx: RunContext, start: int, end: int) -> None:
     finished: dict[int, list[Trajectory]] = defaultdict(list)
     current, t0 = start, time.time()
     ctx.roles.learner.begin.remote(ctx.groups(plans[current]))
+    # With packs, what lands while the learner works goes over together (LearnerMailbox).
+    mailbox = LearnerMailbox(ctx.roles.learner) if ctx.config.packs else None
     live = ctx.config.rollout.max_live_episodes
     stream = events(
         ctx,
@@ -58,7 +61,9 @@ def run(ctx: RunContext, start: int, end: int) -> None:
         if not ctx.opd:
             waiting[step].append(("trajectory", event))
         while current < end and len(finished[current]) == len(plans[current]):
-            _hand_over(ctx, waiting.pop(current, []))
+            _hand_over(ctx, waiting.pop(current, []), mailbox)
+            if mailbox is not None:
+                mailbox.drain()
             learner = ray.get(ctx.roles.learner.step.remote(current))
             # Queued for the engines' next round (a file), or broadcast and taken there (the
             # driver waits about a round: the learner sends until then); either way awaited,
@@ -83,12 +88,16 @@ def run(ctx: RunContext, start: int, end: int) -> None:
             if current < end:
                 ctx.roles.learner.begin.remote(ctx.groups(plans[current]))
         if current < end:
-            _hand_over(ctx, waiting.pop(current, []))
+            _hand_over(ctx, waiting.pop(current, []), mailbox)
 
 
-def _hand_over(ctx: RunContext, sources: list[tuple[str, Any]]) -> None:
+def _hand_over(
+    ctx: RunContext, sources: list[tuple[str, Any]], mailbox: LearnerMailbox | None
+) -> None:
     for kind, source in sources:
         if kind == "turn":
             ctx.roles.learner.submit_turn.remote(source)
+        elif mailbox is not None:
+            mailbox.put(source, reward_time(source))
         else:
             ctx.roles.learner.submit.remote(source, reward_time(source))
