@@ -55,14 +55,7 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 def learner_name(config: TrainConfig) -> str:
     """What the run's learner was, in the config's terms: ``batched`` (sync's padded
     whole-batch learner) or ``per-source``, with its packs and summation order."""
-    if config.schedule == "sync" and config.sync_learner == "batched":
-        return "batched"
-    name = "per-source"
-    if config.packs:
-        name += f", packs <= {config.learner_pack_tokens} tokens"
-    if config.objective == "grpo" and config.learner_order == "fixed":
-        name += ", id order"
-    return name
+    return config.learner_label
 
 
 def _learner(run_dir: Path) -> str | None:

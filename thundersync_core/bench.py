@@ -462,6 +462,11 @@ def bench_report(
             "rollout": list(config.resources.rollout.cores),
             "learner": list(config.resources.learner.cores),
         },
+        # Each schedule's learner (sync's the baseline: benchmarks/learner_packing.py
+        # measures which sync learner is fastest on a batch).
+        "learners": {
+            s: config.model_copy(update={"schedule": s}).learner_label for s in BENCH_SCHEDULES
+        },
         "schedules": per,
         "step_time_ratio": ratios,
         "median_sync_over_thundersync": statistics.median(ratios),

@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     _write(args.out, report)
     idle = report["median_learner_idle_fraction"]
     tail = report["median_tail_s"]
+    learners = report["learners"]
+    print(f"learners: sync {learners['sync']}; thundersync {learners['thundersync']}")
     print(
         f"sync/thundersync step time: median {report['median_sync_over_thundersync']:.2f}x "
         f"over {report['steps']} steps; learner idle sync {idle['sync']:.0%}, thundersync "

@@ -400,6 +400,19 @@ class TrainConfig(_Strict):
         )
 
     @property
+    def learner_label(self) -> str:
+        """What this schedule's learner is, in the config's terms: ``batched`` (sync's
+        padded whole-batch learner) or ``per-source``, with its packs and summation order."""
+        if self.schedule == "sync" and self.sync_learner == "batched":
+            return "batched"
+        label = "per-source"
+        if self.packs:
+            label += f", packs <= {self.learner_pack_tokens} tokens"
+        if self.objective == "grpo" and self.learner_order == "fixed":
+            label += ", id order"
+        return label
+
+    @property
     def batch_size(self) -> int:
         return self.groups_per_step * self.group_size
 

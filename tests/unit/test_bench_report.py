@@ -107,7 +107,15 @@ def test_bench_report_predicts_from_sync_alone_and_tests_the_rollout_stages(
     stream = [
         _outcome(k, [1, 2, 3, 4.4], [(1, 2), (2, 3), (3, 4), (4.4, 5.4)], 6.0) for k in range(2)
     ]
-    report = bench_report(load_config(None), {"sync": sync, "thundersync": stream})
+    config = load_config(None, {"learner_pack_tokens": 4096, "learner_order": "fixed"})
+    report = bench_report(config, {"sync": sync, "thundersync": stream})
+    # The baseline is named: which sync learner the speedup is against.
+    assert report["learners"] == dict.fromkeys(
+        ("sync", "thundersync"), "per-source, packs <= 4096 tokens, id order"
+    )
+    assert bench_report(load_config(None, {"sync_learner": "batched"}), {
+        "sync": sync, "thundersync": stream,
+    })["learners"] == {"sync": "batched", "thundersync": "per-source"}  # fmt: skip
     measured = 8.6 / 6.0
     assert report["step_time_ratio"] == pytest.approx([measured, measured])
     assert report["speedup"]["geometric_mean"] == pytest.approx(measured)

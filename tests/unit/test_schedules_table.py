@@ -68,7 +68,8 @@ def test_rows_hold_speedups_tail_shares_staleness_and_paired_dev_counts(tmp_path
     table = schedules_markdown(list(rows.values()))
     assert "| pipeline | 3 | 6.00 | 1.83x | 0.50 | 10% | 33% | 1/3 |" in table
     assert "+1/-1 | per-source, packs <= 4096 tokens, id order | 3/3 |" in table  # sync
-    assert "+2/-1 | per-source, id order | 2/3 |" in table  # pipeline: no packs, one step off
+    # The pipeline packs as well; its rewards match sync's at 2 of 3 steps.
+    assert "+2/-1 | per-source, packs <= 4096 tokens, id order | 2/3 |" in table
     assert "4 tasks x 2 samples" in table
 
 
