@@ -18,8 +18,7 @@ from thundersync_core.schedules.base import (
     StepOutcome,
     events,
     publish_now,
-    reward_time,
-    submit_whole,
+    submit_batch,
     timeline,
 )
 
@@ -29,13 +28,7 @@ def run(ctx: RunContext, start: int, end: int) -> None:
     for step in range(start, end):
         t0 = time.time()
         ctx.roles.learner.begin.remote(ctx.groups(ctx.plan(step)))
-        batch.sort(key=lambda t: t.trajectory_id)
-        if ctx.config.packs:
-            # The whole batch at once, as sync hands it over: each group runs as packs.
-            ctx.roles.learner.submit_many.remote([(t, reward_time(t)) for t in batch])
-        else:
-            for traj in batch:
-                submit_whole(ctx, traj)
+        submit_batch(ctx, batch)
         stepping = ctx.roles.learner.step.remote(step)
         # The next batch rolls out on the current weights while the learner works.
         following = (

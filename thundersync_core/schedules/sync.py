@@ -16,8 +16,7 @@ from thundersync_core.schedules.base import (
     StepOutcome,
     events,
     publish_now,
-    reward_time,
-    submit_whole,
+    submit_batch,
     timeline,
 )
 
@@ -28,14 +27,7 @@ def run(ctx: RunContext, start: int, end: int) -> None:
         specs = ctx.plan(step)
         ctx.roles.learner.begin.remote(ctx.groups(specs))
         batch = [e for e in events(ctx, specs) if isinstance(e, Trajectory)]
-        # A fixed order (not grading order) makes the batch's float sums reproducible.
-        batch.sort(key=lambda t: t.trajectory_id)
-        if ctx.config.packs:
-            # The whole batch at once: each group runs as packs, one backward per pack.
-            ctx.roles.learner.submit_many.remote([(t, reward_time(t)) for t in batch])
-        else:
-            for traj in batch:
-                submit_whole(ctx, traj)
+        submit_batch(ctx, batch)
         learner = ray.get(ctx.roles.learner.step.remote(step))
         publication = publish_now(ctx, learner)
         line = timeline(
