@@ -120,6 +120,36 @@ def test_every_second_of_a_step_is_named_once() -> None:
     assert summary["wall_overhead_fraction"] == pytest.approx(parts["wall_overhead_s"] / 10.0)
 
 
+def test_one_step_off_tail_is_learner_work_after_the_steps_own_rollout() -> None:
+    # The learner got batch k at 100.0 (its releases) and worked until 121.0; batch k+1
+    # rolled out meanwhile, its last reward at 130.0: the rollout hid all of that work.
+    from thundersync_core.batch import Segment, Trajectory  # noqa: PLC0415
+    from thundersync_core.schedules.base import timeline  # noqa: PLC0415
+
+    def rolled(reward_at: float) -> Trajectory:
+        events = [
+            {"event": "generate_start", "time": 100.5},
+            {"event": "reward", "time": reward_at},
+        ]
+        seg = Segment.action((1,))
+        return Trajectory("g", f"g/{reward_at}", (0,), (seg,), 1.0, metadata={"events": events})
+
+    learner = {
+        "learner_done_s": 121.0,
+        "intervals": [(100.0, 120.5)],
+        "releases": [100.0, 100.0],
+        "barrier_s": 0.5,
+    }
+    common = {"start_s": 100.0, "end_s": 131.0, "learner": learner, "publication": (130.5, 131.0)}
+    hidden = timeline(3, trajectories=[], rolled_out=[rolled(125.0), rolled(130.0)], **common)
+    assert hidden.summary()["learner_tail_s"] == 0.0
+    assert hidden.summary()["rollout_stage_s"] == pytest.approx(30.0)
+    # Without the step's rollout (the last step) every second of the learner's is tail.
+    alone = timeline(3, trajectories=[], **common).summary()
+    assert alone["learner_tail_s"] == pytest.approx(21.0)
+    assert alone["rollout_stage_s"] == 0.0
+
+
 def test_flop_ledger_and_staleness_histogram() -> None:
     ledger = FlopLedger(n_params=1000)
     ledger.add(forward=10, backward=10)

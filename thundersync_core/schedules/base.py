@@ -248,14 +248,21 @@ def timeline(
     trajectories: Sequence[Trajectory],
     publication: tuple[float, float],
     in_flight: Sequence[Sequence[Mapping[str, Any]]] = (),
+    rolled_out: Sequence[Trajectory] = (),
 ) -> StepTimeline:
     """The step's timeline from the learner's record and the rollouts' events:
     ``trajectories`` finished, ``in_flight`` the event lists of episodes still under way at
-    ``end_s`` (a pipeline's next batches), whose intervals so far count as well."""
+    ``end_s`` (a pipeline's next batches), whose intervals so far count as well.
+
+    The rollout stage ends at the last release the learner saw, unless ``rolled_out`` names
+    the batch that rolled out during the step while the learner trained on an earlier one
+    (one-step-off): then at that batch's last reward, so the tail is the learner work the
+    step's rollout did not hide."""
     line = StepTimeline(step=step, start_s=start_s, end_s=end_s, publication=publication)
     line.learner_done_s = float(learner["learner_done_s"])
     line.learner = [(float(a), float(b)) for a, b in learner["intervals"]]
-    line.releases_s = [max(float(r), start_s) for r in learner["releases"]]
+    releases = [reward_time(t) for t in rolled_out] if rolled_out else learner["releases"]
+    line.releases_s = [max(float(r), start_s) for r in releases]
     line.optimizer = (line.learner_done_s - float(learner["barrier_s"]), line.learner_done_s)
     finished = [((t.metadata or {}).get("events") or [], None) for t in trajectories]
     for events, open_until in [*finished, *((e, end_s) for e in in_flight)]:

@@ -45,6 +45,7 @@ def run(ctx: RunContext, start: int, end: int) -> None:
             learner=learner,
             trajectories=batch + following,
             publication=publication,
+            rolled_out=following,
         )
         if not ctx.on_step(StepOutcome(step, line, learner, batch)):
             return
