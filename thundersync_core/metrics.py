@@ -8,7 +8,8 @@ t1 (new weights acknowledged by the rollout engines):
 - busy seconds of a role = the length of the union of its busy intervals inside [t0, t1];
 - ``learner_idle_fraction`` = 1 - learner busy / step wall;
 - ``learner_tail_s`` = end of the optimizer step - the last release (the last reward for
-  GRPO, the last teacher score for OPD): learner work left after the rollout stage;
+  GRPO, the last teacher score for OPD; under one-step-off, the last reward of the batch
+  rolling out during the step): learner work left after the rollout stage;
 - ``mfu`` = learner FLOPs / (step wall x learner peak FLOP/s). Learner FLOPs come from a
   ledger of tokens forwarded and backpropagated, at 2N FLOPs per token forward and 4N per
   token backward (N parameters; the attention term is left out, small at these lengths);
