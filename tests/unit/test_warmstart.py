@@ -217,6 +217,41 @@ def test_shared_prefix_loss_equals_a_full_forward_of_every_row(tokenizer):
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-12)
 
 
+def test_eager_attention_gives_the_shared_prefix_loss_and_gradient_of_sdpa(tokenizer):
+    """bf16 fine-tuning on CPU runs eager attention (faster there); in float64 its loss and
+    gradients are SDPA's, prefix cache and right padding included, to float32 rounding
+    (eager attention takes its softmax in float32)."""
+    ids_BT, scored_BT = collate(_examples(tokenizer, 3), pad_id=0)
+    results = {}
+    for implementation in ("sdpa", "eager"):
+        model = build_model("micro", seed=1, dtype=torch.float64)
+        model.set_attn_implementation(implementation)
+        loss = sft_loss(model, ids_BT, scored_BT)
+        results[implementation] = (loss, torch.autograd.grad(loss, list(model.parameters())))
+    (loss, grads), (eager_loss, eager_grads) = results["sdpa"], results["eager"]
+    assert float(eager_loss) == pytest.approx(float(loss), rel=1e-6)
+    for g, e in zip(grads, eager_grads, strict=True):
+        torch.testing.assert_close(e, g, rtol=1e-5, atol=1e-7)
+
+
+def test_bfloat16_fine_tuning_restores_the_models_attention(tokenizer):
+    model = build_model("micro", seed=2)
+    seen = []
+    attention = model.model.layers[0].self_attn
+    forward = attention.forward
+
+    def spy(*args, **kwargs):
+        seen.append(attention.config._attn_implementation)
+        return forward(*args, **kwargs)
+
+    attention.forward = spy
+    config = SFTConfig(steps=2, batch_size=2, warmup_steps=1, compute_dtype="bfloat16")
+    train_sft(model, _examples(tokenizer, 2), config, pad_id=0)
+    assert seen
+    assert set(seen) == {"eager"}
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_a_few_sft_steps_lower_the_loss(tokenizer):
     """The loss of a fixed batch halves: a random update would not move it that far down."""
     model = build_model("micro", seed=2)
