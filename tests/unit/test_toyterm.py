@@ -159,3 +159,26 @@ def test_tar_check_reads_members_and_compression(tmp_path: Path) -> None:
     assert run_checks([checks.tar("x.tar.gz", members, gzipped=False)], str(tmp_path)) == 1
     assert run_checks([checks.tar("x.tar.gz", {"top/a.txt": "alpha\n"})], str(tmp_path)) == 1
     assert run_checks([checks.tar("plain.tar", members, gzipped=False)], str(tmp_path)) == 1
+
+
+def test_a_verifier_starts_without_the_heavy_standard_modules(pool: list[Path], tmp_path) -> None:
+    """Every graded episode starts a verifier: typing, enum (signal's) and collections.abc
+    would be about half its interpreter start. Only a check that needs more imports more."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    script = next(t for t in pool if "-count-" in t.name) / "tests" / "test_outputs.py"
+    run = subprocess.run(
+        [sys.executable, "-I", "-S", "-X", "importtime", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 1  # nothing in tmp_path: the check fails
+    assert "FAIL 1 number" in run.stdout
+    lines = [line for line in run.stderr.splitlines() if line.startswith("import time:")]
+    loaded = {line.rsplit("|", 1)[1].strip() for line in lines[1:]}
+    assert "os" in loaded
+    assert not loaded & {"typing", "enum", "signal", "collections.abc", "re"}, sorted(loaded)
