@@ -26,7 +26,7 @@ adds tasks. A draw whose instruction repeats an earlier task's is drawn again.
 
 A scripting task runs the agent's script inside the verifier, with the verifier's rights.
 So each run gets its own session, killed when the run ends; before exiting, the checks
-kill every process started since the verifier began that is not one of its own (a
+kill every process started since ``test.sh`` began that is not one of their ancestors (a
 daemon that left the session); the reward is written after that; and a verifier killed
 by a signal (the script killing ``test.sh``) earns 0 from the grader. ``task.toml`` says
 ``[verifier] workdir_only = true``: every check reads /app, so the grader may verify in a
@@ -63,7 +63,9 @@ TEST_SH = """\
 #!/bin/bash
 # Verifier: reward 1 iff every check in test_outputs.py passes on the files in /app.
 # The reward is written once, last, over whatever the checked programs left in
-# /logs/verifier (the checks kill those programs before they return).
+# /logs/verifier (the checks kill those programs before they return: every process that
+# started after this shell and is not among their ancestors).
+export TOYTERM_VERIFIER_PID=$$
 reward=0
 if cd /app && python3 -I -S /tests/test_outputs.py; then
   reward=1

@@ -98,3 +98,23 @@ def test_a_malformed_task_is_named(one_per_family: list[Path], tmp_path: Path) -
     assert not verdict.ok
     assert "malformed" in verdict.reason
     assert "tests/test.sh" in verdict.reason
+
+
+def test_the_verifier_spares_what_started_before_test_sh(one_per_family: list[Path]) -> None:
+    """The checks kill strays younger than ``test.sh`` (the forgery tests' daemons), never an
+    older process: unbounded, the hunt would reach the verifier's oldest ancestor, which
+    outside a sandbox is everything the login session started since."""
+    from thundersync_core.rollout.sandbox.local import LocalSandbox  # noqa: PLC0415
+
+    task = _task(one_per_family, "count")
+    with LocalSandbox(workdir_from=task / "environment") as box:
+        box.install_tests(task / "tests")
+        run = box.exec(
+            "sleep 30 & older=$!\n"
+            "sleep 0.05\n"
+            "bash /tests/test.sh > /dev/null 2>&1\n"
+            "kill -0 $older 2>/dev/null && echo older-alive\n"
+            "cat /logs/verifier/reward.txt\n",
+            timeout_s=60,
+        )
+    assert run.stdout.split() == ["older-alive", "0"]  # nothing in /app: the check failed

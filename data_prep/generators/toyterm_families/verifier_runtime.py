@@ -346,19 +346,33 @@ def _parent(pid: int) -> int:
         return int(handle.read().rsplit(b")", 1)[1].split()[1])
 
 
+def _lineage() -> list[int]:
+    """This process and its ancestors up to ``test.sh``'s shell ($TOYTERM_VERIFIER_PID).
+
+    Run any other way (by hand, outside a sandbox) it is this process alone: walking on to
+    pid 1 would make every process of the machine's session younger than the oldest
+    ancestor a stray.
+    """
+    pid = os.getpid()
+    chain = [pid]
+    top = os.environ.get("TOYTERM_VERIFIER_PID", "")
+    if not top.isdigit():
+        return chain
+    while pid > 1 and pid != int(top):
+        pid = _parent(pid)
+        chain.append(pid)
+    return chain if pid == int(top) else chain[:1]
+
+
 def kill_strays() -> list[int]:
     """Kill every process started since the verifier began that is not one of its own.
 
-    The verifier's ancestors (``test.sh`` and what started it) and this process live;
-    anything else that started no earlier than the oldest of them came from the checks,
-    that is from the agent's programs, and could rewrite the reward after ``test.sh``
-    writes it. Returns the pids signalled.
+    The verifier's ancestors up to ``test.sh`` and this process live; anything else that
+    started no earlier than the oldest of them came from the checks, that is from the
+    agent's programs, and could rewrite the reward after ``test.sh`` writes it. Returns the
+    pids signalled.
     """
-    lineage = []
-    pid = os.getpid()
-    while pid > 1:
-        lineage.append(pid)
-        pid = _parent(pid)
+    lineage = _lineage()
     started = [t for t in map(_start_time, lineage) if t is not None]
     since = min(started)
     killed = []
