@@ -17,8 +17,9 @@ test of the two rollout stages; and the performance model's prediction of each s
 speedup from sync's release trace alone (out of sample), with its error
 (predicted - measured) / measured. Before the measured steps the bench measures the
 contention the model applies (``measure_contention``; GRPO): how much slower the learner
-serves fixed sources beside a rollout than alone, without running thundersync (how much
-longer a rollout runs beside a working learner is recorded too, not applied).
+serves fixed sources beside a rollout than alone, run as the learner runs them (with packs,
+a group at a time), without running thundersync (how much longer a rollout runs beside a
+working learner is recorded too, not applied).
 
 A sweep (``run_sweep``) keeps the roles up and measures several points of one setting that
 only the drivers read (``rollout.max_live_episodes``: how many episodes roll out at once,
@@ -177,7 +178,8 @@ def measure_contention(rig: BenchRig, config: TrainConfig, step: int) -> dict[st
 
     On batch ``step`` (not one the bench measures): one rollout to warm the engine's caches
     and fix the learner's sources, one rollout alone, one learner pass alone over those
-    sources, then a rollout while the learner repeats the pass. ``learner_slowdown``: the
+    sources (as packs, a group at a time, where the learner runs packs), then a rollout
+    while the learner repeats the pass. ``learner_slowdown``: the
     learner's time for the sources it served beside that rollout over their time alone;
     ``rollout_slowdown``: the rollout stage beside the learner over alone (one sample each;
     recorded beside the spread of two rollouts alone, not applied). GRPO on one learner rank

@@ -12,6 +12,7 @@ one-process learner with the group's weights.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import re
 import threading
@@ -229,17 +230,26 @@ def test_weights_are_not_published_mid_batch(micro_model_dir, tmp_path):
     assert load_file(path).keys() == load_file(str(micro_model_dir / "model.safetensors")).keys()
 
 
-def test_timing_passes_leave_the_learner_as_it_was(micro_model_dir, tmp_path):
+@pytest.mark.parametrize("pack_tokens", [0, 4096])
+def test_timing_passes_leave_the_learner_as_it_was(micro_model_dir, tmp_path, pack_tokens):
     """The bench's contention measurement (``time_sources``) times every source and drops
     its scratch batches: the next step is the step an untouched learner takes. With a stop
-    file the passes repeat until it appears; mid-batch the pass is refused."""
+    file the passes repeat until it appears; mid-batch the pass is refused. With packs a
+    group runs whole, as the schedules' learner runs it, its time shared by its sources."""
     batch = random_batch(seed=5, vocab=1024, n_groups=2, group_size=2)
     groups = {g: (s.prompt_ids, s.size) for g, s in groups_of(batch).items()}
-    timed = LearnerWorker(micro_model_dir, config_for(1), publish_dir=tmp_path / "timed")
-    plain = LearnerWorker(micro_model_dir, config_for(1), publish_dir=tmp_path / "plain")
+    config = config_for(1).model_copy(update={"learner_pack_tokens": pack_tokens})
+    assert config.packs == bool(pack_tokens)
+    timed = LearnerWorker(micro_model_dir, config, publish_dir=tmp_path / "timed")
+    plain = LearnerWorker(micro_model_dir, config, publish_dir=tmp_path / "plain")
     times = timed.time_sources(groups, batch)
-    assert [i for i, _, _ in times] == [t.trajectory_id for t in batch]
+    assert sorted(i for i, _, _ in times) == sorted(t.trajectory_id for t in batch)
     assert all(end > start for _, start, end in times)
+    if pack_tokens:  # a group's sources share its one submit: consecutive intervals
+        by_id = {t.trajectory_id: t.group_id for t in batch}
+        for (a, _, a_end), (b, b_start, _) in itertools.pairwise(times):
+            if by_id[a] == by_id[b]:
+                assert a_end == pytest.approx(b_start, abs=1e-9)
     stop = tmp_path / "stop"
     threading.Timer(1.0, stop.touch).start()
     repeated = timed.time_sources(groups, batch, str(stop))

@@ -345,23 +345,40 @@ class LearnerWorker:
         """Learner time of each trajectory, nothing kept: (id, start, end) per source, run
         in scratch batches that are dropped (weights, optimizer, version untouched).
 
-        Without ``stop_file`` one pass; with it, passes repeat until that file exists (the
-        bench's contention measurement keeps the learner working beside a rollout)."""
+        The sources run as the schedules' learner runs them: with packs
+        (``learner_pack_tokens``) a group at a time through ``submit_many``, its time shared
+        evenly among its trajectories (consecutive intervals), else one at a time. Without
+        ``stop_file`` one pass; with it, passes repeat until that file exists (the bench's
+        contention measurement keeps the learner working beside a rollout)."""
         if self.learner.in_batch:
             raise LearnerRefusal("time_sources called while a batch is in progress")
         if not trajectories:
             return []
         specs = {g: GroupSpec(p, n) for g, (p, n) in groups.items()}
+        pack_tokens = self.config.learner_pack_tokens if self.config.packs else 0
+        units: list[list[Trajectory]] = [[traj] for traj in trajectories]
+        if pack_tokens:
+            members: dict[str, list[Trajectory]] = {}
+            for traj in trajectories:
+                members.setdefault(traj.group_id, []).append(traj)
+            units = list(members.values())
         times: list[tuple[str, float, float]] = []
         while True:
             self.learner.begin_batch(specs)
             try:
-                for traj in trajectories:
+                for unit in units:
                     if stop_file is not None and os.path.exists(stop_file):
                         return times
                     t0 = time.time()
-                    self.learner.submit(traj)  # type: ignore[attr-defined]
-                    times.append((traj.trajectory_id, t0, time.time()))
+                    if pack_tokens:
+                        self.learner.submit_many(unit, pack_tokens=pack_tokens)  # type: ignore[attr-defined]
+                    else:
+                        self.learner.submit(unit[0])  # type: ignore[attr-defined]
+                    share = (time.time() - t0) / len(unit)
+                    times += [
+                        (traj.trajectory_id, t0 + k * share, t0 + (k + 1) * share)
+                        for k, traj in enumerate(unit)
+                    ]
             finally:
                 self.learner.discard_batch()
             if stop_file is None:
