@@ -243,7 +243,13 @@ def test_timing_passes_leave_the_learner_as_it_was(micro_model_dir, tmp_path, pa
     timed = LearnerWorker(micro_model_dir, config, publish_dir=tmp_path / "timed")
     plain = LearnerWorker(micro_model_dir, config, publish_dir=tmp_path / "plain")
     times = timed.time_sources(groups, batch)
-    assert sorted(i for i, _, _ in times) == sorted(t.trajectory_id for t in batch)
+    # One at a time in the batch's order; with packs a group at a time, in the order its
+    # first trajectory comes.
+    order = [t.trajectory_id for t in batch]
+    if pack_tokens:
+        firsts = list(dict.fromkeys(t.group_id for t in batch))
+        order = [t.trajectory_id for g in firsts for t in batch if t.group_id == g]
+    assert [i for i, _, _ in times] == order
     assert all(end > start for _, start, end in times)
     if pack_tokens:  # a group's sources share its one submit: consecutive intervals
         by_id = {t.trajectory_id: t.group_id for t in batch}
