@@ -22,9 +22,9 @@ a second.
     python benchmarks/core_overlap.py [--seconds 5] [--repeats 3] [--cores 0 1]
         [--workloads matmul stream sandbox] [--learner matmul] [--out FILE.json]
 
-A VM's speed drifts over minutes (here the same pair once measured 1.39x and, ten minutes
-later, 1.01x), so each repeat measures both alone right before the pair, and the table gives the median
-slowdowns and the range of the ceiling over the repeats; the JSON has every repeat.
+A VM's contention drifts over minutes (its host's other load is not ours to see), so each
+repeat measures both alone right before the pair, and the table gives the median slowdowns
+and the range of the ceiling over the repeats; the JSON has every repeat.
 """
 
 from __future__ import annotations
@@ -117,14 +117,15 @@ def _operation(kind: str) -> Callable[[], None]:
     raise ValueError(f"--workload: unknown {kind!r} (one of {', '.join(WORKLOADS)})")
 
 
-def worker(kind: str, core: int, start_at: float, seconds: float) -> dict[str, float]:
-    """Run ``kind`` on ``core`` from ``start_at`` (wall clock) for ``seconds``."""
+def worker(kind: str, core: int, seconds: float) -> dict[str, float]:
+    """Run ``kind`` on ``core`` for ``seconds``, once warm and told to go: prints ``ready``
+    and waits for a line on stdin (the parent sends it when every worker is ready)."""
     os.sched_setaffinity(0, {core})
     op = _operation(kind)
     for _ in range(3):  # warm up: first calls allocate and pick kernels
         op()
-    while time.time() < start_at:
-        time.sleep(0.001)
+    print("ready", flush=True)
+    sys.stdin.readline()
     count, t0 = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - t0) < seconds:
         op()
@@ -132,17 +133,25 @@ def worker(kind: str, core: int, start_at: float, seconds: float) -> dict[str, f
     return {"ops": count, "seconds": elapsed, "rate": count / elapsed}
 
 
-def _launch(kind: str, core: int, start_at: float, seconds: float) -> subprocess.Popen[str]:
+def _launch(kind: str, core: int, seconds: float) -> subprocess.Popen[str]:
     args = [sys.executable, __file__, "--worker", kind, "--core", str(core)]
-    args += ["--start-at", repr(start_at), "--seconds", str(seconds)]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    args += ["--seconds", str(seconds)]
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
 def _rates(jobs: list[tuple[str, int]], seconds: float) -> list[float]:
     """Run the (workload, core) jobs at once; each one's rate."""
-    start_at = time.time() + 5.0  # after every worker's imports and warm-up
-    procs = [_launch(kind, core, start_at, seconds) for kind, core in jobs]
+    procs = [_launch(kind, core, seconds) for kind, core in jobs]
+    for (kind, core), proc in zip(jobs, procs, strict=True):
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            proc.wait()
+            raise RuntimeError(f"the {kind} worker on core {core} failed ({proc.returncode})")
     rates = []
+    for proc in procs:  # go, all at once
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     for (kind, core), proc in zip(jobs, procs, strict=True):
         out, _ = proc.communicate()
         if proc.returncode != 0:
@@ -215,10 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--core", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.core, args.start_at, args.seconds)))
+        print(json.dumps(worker(args.worker, args.core, args.seconds)))
         return 0
     available = os.sched_getaffinity(0)
     if args.cores[0] == args.cores[1] or not set(args.cores) <= available:
