@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,6 +48,10 @@ WORKLOADS = ("matmul", "bf16", "stream", "spawn", "bwrap", "bwrap-nonet", "sandb
 #: A bwrap start with the local sandbox's namespaces (its mounts aside): net, pid, ipc, uts.
 BWRAP = ["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
 BWRAP += ["--die-with-parent", "--new-session"]
+
+
+#: What a worker closes when it is done (the sandbox it opened).
+_OPENED: list[Any] = []
 
 
 def _matmul(dtype_name: str) -> Callable[[], None]:
@@ -92,6 +97,7 @@ def _bwrap(net: bool) -> Callable[[], None]:
 
 def _sandbox() -> Callable[[], None]:
     sandbox = open_sandbox("local")
+    _OPENED.append(sandbox)
 
     def op() -> None:
         result = sandbox.exec("true")
@@ -114,7 +120,7 @@ def _operation(kind: str) -> Callable[[], None]:
         return _bwrap(net=kind == "bwrap")
     if kind == "sandbox":
         return _sandbox()
-    raise ValueError(f"--workload: unknown {kind!r} (one of {', '.join(WORKLOADS)})")
+    raise ValueError(f"--workloads: unknown {kind!r} (one of {', '.join(WORKLOADS)})")
 
 
 def worker(kind: str, core: int, seconds: float) -> dict[str, float]:
@@ -130,6 +136,8 @@ def worker(kind: str, core: int, seconds: float) -> dict[str, float]:
     while (elapsed := time.perf_counter() - t0) < seconds:
         op()
         count += 1
+    for opened in _OPENED:
+        opened.close()
     return {"ops": count, "seconds": elapsed, "rate": count / elapsed}
 
 
@@ -145,7 +153,9 @@ def _rates(jobs: list[tuple[str, int]], seconds: float) -> list[float]:
     for (kind, core), proc in zip(jobs, procs, strict=True):
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":
-            proc.wait()
+            for other in procs:  # the others wait for a go that will not come
+                other.kill()
+                other.wait()
             raise RuntimeError(f"the {kind} worker on core {core} failed ({proc.returncode})")
     rates = []
     for proc in procs:  # go, all at once
