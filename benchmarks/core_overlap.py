@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats: at least 1, got {args.repeats}")
     cores = (args.cores[0], args.cores[1])
     result = measure(args.workloads, args.learner, cores, args.seconds, args.repeats)
+    given = sys.argv[1:] if argv is None else argv
+    result = {"command": " ".join(["python", "benchmarks/core_overlap.py", *given])} | result
     print(f"{'side by side (median)':<28} {'slowdown':>9} {'slowdown':>9} {'ceiling':>8}  range")
     for pair in result["pairs"]:  # type: ignore[attr-defined]
         low, high = pair["ceiling_range"]
