@@ -37,8 +37,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -48,10 +48,6 @@ WORKLOADS = ("matmul", "bf16", "stream", "spawn", "bwrap", "bwrap-nonet", "sandb
 #: A bwrap start with the local sandbox's namespaces (its mounts aside): net, pid, ipc, uts.
 BWRAP = ["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
 BWRAP += ["--die-with-parent", "--new-session"]
-
-
-#: What a worker closes when it is done (the sandbox it opened).
-_OPENED: list[Any] = []
 
 
 def _matmul(dtype_name: str) -> Callable[[], None]:
@@ -79,25 +75,15 @@ def _stream() -> Callable[[], None]:
     return op
 
 
-def _spawn() -> Callable[[], None]:
-    def op() -> None:
-        subprocess.run(["/bin/true"], check=True)
-
-    return op
-
-
-def _bwrap(net: bool) -> Callable[[], None]:
-    argv = [*BWRAP, *(["--unshare-net"] if net else []), "/bin/true"]
-
+def _command(argv: list[str]) -> Callable[[], None]:
     def op() -> None:
         subprocess.run(argv, check=True)
 
     return op
 
 
-def _sandbox() -> Callable[[], None]:
-    sandbox = open_sandbox("local")
-    _OPENED.append(sandbox)
+def _sandbox(stack: ExitStack) -> Callable[[], None]:
+    sandbox = stack.enter_context(open_sandbox("local"))
 
     def op() -> None:
         result = sandbox.exec("true")
@@ -107,19 +93,18 @@ def _sandbox() -> Callable[[], None]:
     return op
 
 
-def _operation(kind: str) -> Callable[[], None]:
-    if kind == "matmul":
-        return _matmul("float32")
-    if kind == "bf16":
-        return _matmul("bfloat16")
+def _operation(kind: str, stack: ExitStack) -> Callable[[], None]:
+    """One operation of ``kind``; what it opens is closed with ``stack``."""
+    if kind in ("matmul", "bf16"):
+        return _matmul("float32" if kind == "matmul" else "bfloat16")
     if kind == "stream":
         return _stream()
     if kind == "spawn":
-        return _spawn()
+        return _command(["/bin/true"])
     if kind in ("bwrap", "bwrap-nonet"):
-        return _bwrap(net=kind == "bwrap")
+        return _command([*BWRAP, *(["--unshare-net"] if kind == "bwrap" else []), "/bin/true"])
     if kind == "sandbox":
-        return _sandbox()
+        return _sandbox(stack)
     raise ValueError(f"--workloads: unknown {kind!r} (one of {', '.join(WORKLOADS)})")
 
 
@@ -127,17 +112,16 @@ def worker(kind: str, core: int, seconds: float) -> dict[str, float]:
     """Run ``kind`` on ``core`` for ``seconds``, once warm and told to go: prints ``ready``
     and waits for a line on stdin (the parent sends it when every worker is ready)."""
     os.sched_setaffinity(0, {core})
-    op = _operation(kind)
-    for _ in range(3):  # warm up: first calls allocate and pick kernels
-        op()
-    print("ready", flush=True)
-    sys.stdin.readline()
-    count, t0 = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < seconds:
-        op()
-        count += 1
-    for opened in _OPENED:
-        opened.close()
+    with ExitStack() as stack:
+        op = _operation(kind, stack)
+        for _ in range(3):  # warm up: first calls allocate and pick kernels
+            op()
+        print("ready", flush=True)
+        sys.stdin.readline()
+        count, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < seconds:
+            op()
+            count += 1
     return {"ops": count, "seconds": elapsed, "rate": count / elapsed}
 
 
