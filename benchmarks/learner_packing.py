@@ -6,7 +6,9 @@ they do when a bounded number of episodes is in flight: the streaming learner ge
 wave as it lands, one trajectory at a time (``per-source``) or as one ``submit_many``
 (``packed``, packs of at most ``--pack-tokens`` padded tokens, a group's rows cut by length
 where padding costs more than another pack; ``fixed order``: a group runs once whole, in
-trajectory-id order, bitwise the sync update). ``uncut`` is the packed sync learner with
+trajectory-id order, bitwise the sync update; with ``--chunks N`` also each group as N
+id-chunks, a chunk once its members landed with two reward values, sync running the same
+chunks). ``uncut`` is the packed sync learner with
 the rows of a group kept in trajectory-id order and cut only at the bound, one straggler
 widening its group's every row. The sync learners get the
 whole batch once it is complete: the per-source executor fed in trajectory-id order, the
@@ -76,14 +78,17 @@ def learners(
                 learner.submit(traj)
         return learner.finish()
 
-    def packed(sources: list[list[Trajectory]], cap: int, order: str = "arrival") -> object:
+    def packed(
+        sources: list[list[Trajectory]], cap: int, order: str = "arrival", chunks: int = 1
+    ) -> object:
         learner = StreamingGRPOLearner(
             model,
             loss_agg="token-mean",
             max_open_groups=cap,
             order=order,  # type: ignore[arg-type]
+            chunks=chunks,
         )
-        learner.begin_batch(groups)
+        learner.begin_batch(groups_of(batch, with_members=True) if chunks > 1 else groups)
         for wave in sources:
             learner.submit_many(wave, pack_tokens=args.pack_tokens)
         return learner.finish()
@@ -104,7 +109,16 @@ def learners(
         return learner.finish()
 
     arrivals = waves(batch, args.wave, args.seed)
-    return {
+    chunked: dict[str, Callable[[], object]] = {}
+    if args.chunks > 1:
+        n = args.chunks
+        chunked = {
+            f"sync packed, {n} chunks": lambda: packed([ordered], n_groups, "fixed", n),
+            f"streaming packed, {n} chunks": lambda: packed(
+                arrivals, args.max_open_groups, "fixed", n
+            ),
+        }
+    return chunked | {
         "sync per-source": lambda: per_source([ordered], n_groups),
         "sync batched": batched,
         "sync packed": lambda: packed([ordered], n_groups),
@@ -142,6 +156,7 @@ def main() -> None:
     parser.add_argument("--wave", type=int, default=8, help="trajectories landing together")
     parser.add_argument("--pack-tokens", type=int, default=4096)
     parser.add_argument("--max-open-groups", type=int, default=4)
+    parser.add_argument("--chunks", type=int, default=1, help="also time N id-chunks a group")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -215,6 +230,7 @@ def main() -> None:
                 strict=True,
             )
         ),
+        **_chunk_summary(args.chunks, rows, results),
         "length_aware_over_uncut": rows["sync packed, fixed order"]["busy_s"]
         / rows["sync packed, uncut"]["busy_s"],
         "learners": rows,
@@ -224,6 +240,29 @@ def main() -> None:
     print(json.dumps(summary))
     if args.out is not None:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def _chunk_summary(
+    chunks: int, rows: dict[str, dict[str, object]], results: dict[str, object]
+) -> dict[str, object]:
+    """With ``--chunks``: the chunked learners against the best sync, and whether the
+    streamed chunks are bitwise the sync chunks."""
+    if chunks <= 1:
+        return {}
+    sync, stream = f"sync packed, {chunks} chunks", f"streaming packed, {chunks} chunks"
+    return {
+        "chunks": chunks,
+        "sync_chunked_over_best_sync": rows[sync]["over_best_sync"],
+        "streaming_chunked_over_best_sync": rows[stream]["over_best_sync"],
+        "chunks_bitwise_sync": all(
+            torch.equal(a, b)
+            for a, b in zip(
+                results[sync].grad_objective.values(),  # type: ignore[attr-defined]
+                results[stream].grad_objective.values(),  # type: ignore[attr-defined]
+                strict=True,
+            )
+        ),
+    }
 
 
 def _by_group(batch: list[Trajectory]) -> dict[str, list[Trajectory]]:

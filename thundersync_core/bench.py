@@ -124,7 +124,7 @@ def start_rig(config: TrainConfig, out_dir: Path) -> BenchRig:
         teacher,
         learners,
         list(pool),
-        group_lookup(rollout),
+        group_lookup(rollout, with_members=config.learner_chunks > 1),
         list(publish_dirs.values()),
         reserved,
     )

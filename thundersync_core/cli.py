@@ -37,6 +37,10 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         help="GRPO stream: a backward as each reward lands, or once its group's are all in",
     )  # fmt: skip
     p.add_argument(
+        "--chunks", default=1, type=int,
+        help="GRPO stream, with --pack-tokens and --order fixed: each group as N id-chunks",
+    )  # fmt: skip
+    p.add_argument(
         "--lora", default=None, metavar="r=R,alpha=A[,dropout=0][,targets=q_proj+v_proj]",
         help="train LoRA adapters (base frozen); the gradient file holds the adapters only",
     )  # fmt: skip
@@ -83,6 +87,7 @@ def _run_replay(args: argparse.Namespace) -> int:
         pack_tokens=args.pack_tokens,
         order=args.order,
         release=args.release,
+        chunks=args.chunks,
         lora=args.lora,
         lora_seed=args.lora_seed,
     )

@@ -295,6 +295,12 @@ class TrainConfig(_Strict):
     #: time would); ignored elsewhere. With learner_order fixed a group runs once its last
     #: trajectory lands, in trajectory-id order, as packs.
     learner_pack_tokens: int = Field(default=0, ge=0)
+    #: With packs and learner_order fixed: each group's planned trajectory ids cut into this
+    #: many chunks; a chunk runs once its members have landed with two reward values (else
+    #: at its group's close), one backward per reward value and pack, weighted by that
+    #: value's advantage at the close. Sync runs the same chunks, so the update stays bitwise
+    #: thundersync's; a group's first chunks then overlap its last rollouts. 1: whole groups.
+    learner_chunks: int = Field(default=1, ge=1)
     #: When the per-source GRPO learner runs a trajectory's backward: ``trajectory`` as its
     #: reward lands (each open group holds two gradient-sized statistics, at most
     #: ``max_open_groups`` of them); ``group`` once its group's rewards are all in, with its
@@ -358,6 +364,18 @@ class TrainConfig(_Strict):
                 "needs objective: grpo, learner_sharded_gradient: true, grpo_release: trajectory, "
                 "learner_order: arrival and (under sync) sync_learner: per-source"
             )
+        if self.learner_chunks > 1 and not (
+            self.learner_pack_tokens
+            and self.objective == "grpo"
+            and self.resources.learner.ranks == 1
+            and self.learner_order == "fixed"
+            and self.grpo_release == "trajectory"
+        ):
+            raise ValueError(
+                f"learner_chunks: {self.learner_chunks} needs the packed per-source GRPO "
+                "learner (learner_pack_tokens > 0, objective grpo, one learner rank) with "
+                "learner_order: fixed and grpo_release: trajectory"
+            )
         if self.learner_order == "fixed" and self.objective != "grpo":
             raise ValueError(
                 "learner_order: fixed orders the per-source GRPO learner's sums; "
@@ -410,6 +428,8 @@ class TrainConfig(_Strict):
             label += f", packs <= {self.learner_pack_tokens} tokens"
         if self.objective == "grpo" and self.learner_order == "fixed":
             label += ", id order"
+        if self.packs and self.learner_chunks > 1:
+            label += f", {self.learner_chunks} chunks a group"
         return label
 
     @property

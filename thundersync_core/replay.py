@@ -69,6 +69,7 @@ def replay(
     pack_tokens: int = 0,
     order: str = "arrival",
     release: str = "trajectory",
+    chunks: int = 1,
     lora: LoraSettings | str | None = None,
     lora_seed: int = 0,
     lora_init_b_std: float = 0.0,
@@ -79,9 +80,11 @@ def replay(
     random sizes, each handed over at once and run as packs (``submit_many``); ``order``
     is the streaming learner's summation order (``fixed``: bitwise the sync update);
     ``release`` when a trajectory's backward runs (``group``: once its group's rewards are
-    all known, with no per-group statistics). ``lora`` (settings, or the ``--lora`` text)
-    trains LoRA adapters drawn from ``lora_seed`` instead of every weight; B starts at zero
-    (the base policy, whose gradient with respect to A is zero) unless ``lora_init_b_std``."""
+    all known, with no per-group statistics); ``chunks`` (with packs and ``fixed``) runs
+    each group as that many id-chunks, a chunk as soon as it may. ``lora`` (settings, or
+    the ``--lora`` text) trains LoRA adapters drawn from ``lora_seed`` instead of every
+    weight; B starts at zero (the base policy, whose gradient with respect to A is zero)
+    unless ``lora_init_b_std``."""
     if objective not in OBJECTIVES:
         raise ValueError(f"--objective {objective!r}: choose one of {sorted(OBJECTIVES)}")
     if schedule not in ("sync", "stream"):
@@ -92,6 +95,8 @@ def replay(
         raise ValueError(f"--order {order!r}: choose arrival or fixed")
     if release not in ("trajectory", "group"):
         raise ValueError(f"--release {release!r}: choose trajectory or group")
+    if chunks < 1:
+        raise ValueError(f"--chunks {chunks}: must be >= 1")
     lora_settings = parse_lora(lora) if isinstance(lora, str) else lora
     trajectories = read_batch(batch_path)
     teacher_turns: dict[str, list[tuple[float, ...]]] = {}
@@ -117,6 +122,7 @@ def replay(
             pack_tokens=pack_tokens,
             order=order,
             release=release,
+            chunks=chunks,
         )
     else:
         learner = _feed_opd(model, trajectories, teacher_turns, schedule, rng, top_k=top_k)
@@ -178,6 +184,7 @@ def _feed_grpo(
     pack_tokens: int = 0,
     order: str = "arrival",
     release: str = "trajectory",
+    chunks: int = 1,
 ) -> LearnerBase:
     version = min(t.policy_version for t in trajectories)
     learner: StreamingGRPOLearner | SyncGRPOLearner
@@ -189,11 +196,12 @@ def _feed_grpo(
             policy_version=version,
             order=order,  # type: ignore[arg-type]
             release=release,  # type: ignore[arg-type]
+            chunks=chunks,
         )
         trajectories = rng.sample(trajectories, len(trajectories))
     else:
         learner = SyncGRPOLearner(model, loss_agg=loss_agg, policy_version=version)
-    learner.begin_batch(groups_of(trajectories))
+    learner.begin_batch(groups_of(trajectories, with_members=chunks > 1))
     if pack_tokens and isinstance(learner, StreamingGRPOLearner):
         pending = list(trajectories)
         while pending:

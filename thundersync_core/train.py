@@ -456,7 +456,7 @@ def _run_schedule(
     from thundersync_core.schedules.base import group_lookup  # noqa: PLC0415
 
     task_ids = list(train_pool)
-    groups = group_lookup(roles.rollout)
+    groups = group_lookup(roles.rollout, with_members=config.learner_chunks > 1)
 
     if start_step == 0:
         (out / "metrics.jsonl").unlink(missing_ok=True)

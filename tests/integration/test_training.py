@@ -120,14 +120,17 @@ def test_packed_learners_give_the_per_source_update(tmp_path, tiny_prep_dir, sol
         if len({t.reward for t in m}) > 1
     )
     assert records["sync-packed"]["pack_backwards"] >= 1
-    assert records["sync-packed"]["packed_trajectories"] == 8
+    # A group whose rewards are all equal (every advantage 0) takes no forward either.
+    mixed = _in_mixed_groups(tmp_path / "sync-packed" / "batches" / "step-000000.jsonl")
+    assert 0 < mixed <= 8
+    assert records["sync-packed"]["packed_trajectories"] == mixed
     assert records["per-source"]["pack_backwards"] == 0
-    assert records["async-packed"]["packed_trajectories"] == 8
+    assert records["async-packed"]["packed_trajectories"] == mixed
     for name in ("sync-packed", "thundersync-packed", "async-packed"):
         for key in ("loss", "grad_norm", "reward_mean"):
             assert records[name][key] == pytest.approx(records["per-source"][key], rel=1e-5), key
     # Packs in trajectory-id order: thundersync's update is bitwise sync's.
-    assert records["thundersync-packed"]["packed_trajectories"] == 8
+    assert records["thundersync-packed"]["packed_trajectories"] == mixed
     sync, stream = (
         checkpoint_weights(tmp_path / n, 1) for n in ("sync-packed", "thundersync-packed")
     )
@@ -427,7 +430,9 @@ def test_off_policy_schedules_record_bounded_staleness(
             assert math.isfinite(record["reverse_kl"])
         else:
             assert record["reverse_kl"] is None
-            assert record["packed_trajectories"] == 8  # every trajectory in a pack
+            # Every trajectory of a group with two reward values runs in a pack.
+            batch = tmp_path / "run" / "batches" / f"step-{record['step']:06d}.jsonl"
+            assert record["packed_trajectories"] == _in_mixed_groups(batch)
         if publication:
             # Every version was broadcast whole to both engines (the tiny model's float32
             # weights), and arrived checked.
@@ -467,3 +472,11 @@ def test_the_bench_runs_both_schedules_on_the_same_batches(
     assert json.loads((tmp_path / "bench" / "bench.json").read_text()) == report
     # The bench's learners and their weight files are gone once it ends.
     assert not list(publication_root().glob(f"thundersync-publish-*-{os.getpid()}-bench-*"))
+
+
+def _in_mixed_groups(batch_file) -> int:
+    """Trajectories of a logged batch whose group has two reward values or more."""
+    members: dict[str, list] = {}
+    for traj in read_batch(batch_file):
+        members.setdefault(traj.group_id, []).append(traj)
+    return sum(len(m) for m in members.values() if len({t.reward for t in m}) > 1)

@@ -77,6 +77,7 @@ def build_learner(config: TrainConfig, model: torch.nn.Module, version: int) -> 
             model,  # type: ignore[arg-type]
             order=config.learner_order,
             release=config.grpo_release,
+            chunks=config.learner_chunks,
             **common,
         )
     top_k = config.opd_teacher_top_k
@@ -244,9 +245,10 @@ class LearnerWorker:
         return report
 
     # -- the batch -------------------------------------------------------------------------
-    def begin(self, groups: dict[str, tuple[tuple[int, ...], int]]) -> int:
+    def begin(self, groups: dict[str, tuple[Any, ...]]) -> int:
+        """Groups as (prompt ids, size[, planned trajectory ids])."""
         self._reset_step()
-        self.learner.begin_batch({g: GroupSpec(p, n) for g, (p, n) in groups.items()})
+        self.learner.begin_batch({g: GroupSpec(*spec) for g, spec in groups.items()})
         return self.learner.policy_version
 
     def submit(self, traj: Trajectory, release_s: float | None = None) -> None:
@@ -338,7 +340,7 @@ class LearnerWorker:
 
     def time_sources(
         self,
-        groups: dict[str, tuple[tuple[int, ...], int]],
+        groups: dict[str, tuple[Any, ...]],
         trajectories: list[Trajectory],
         stop_file: str | None = None,
     ) -> list[tuple[str, float, float]]:
@@ -354,7 +356,7 @@ class LearnerWorker:
             raise LearnerRefusal("time_sources called while a batch is in progress")
         if not trajectories:
             return []
-        specs = {g: GroupSpec(p, n) for g, (p, n) in groups.items()}
+        specs = {g: GroupSpec(*spec) for g, spec in groups.items()}
         pack_tokens = self.config.learner_pack_tokens if self.config.packs else 0
         units: list[list[Trajectory]] = [[traj] for traj in trajectories]
         if pack_tokens:

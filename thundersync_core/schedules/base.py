@@ -55,22 +55,27 @@ class RunContext:
 
 
 def group_lookup(
-    rollout: Any,
-) -> Callable[[Sequence[RolloutSpec]], dict[str, tuple[tuple[int, ...], int]]]:
-    """group id -> (prompt ids, size) for a step's specs; prompts asked of the rollout
-    worker once per task (they are what its agent sends the engine)."""
+    rollout: Any, *, with_members: bool = False
+) -> Callable[[Sequence[RolloutSpec]], dict[str, tuple[Any, ...]]]:
+    """group id -> (prompt ids, size) for a step's specs, and with ``with_members`` the
+    group's sorted trajectory ids third (``learner_chunks`` plans by them); prompts asked of
+    the rollout worker once per task (they are what its agent sends the engine)."""
     import ray  # noqa: PLC0415
 
     prompts: dict[str, tuple[int, ...]] = {}
 
-    def groups(specs: Sequence[RolloutSpec]) -> dict[str, tuple[tuple[int, ...], int]]:
+    def groups(specs: Sequence[RolloutSpec]) -> dict[str, tuple[Any, ...]]:
         found: dict[str, tuple[tuple[int, ...], int]] = {}
+        members: dict[str, list[str]] = {}
         for spec in specs:
             if spec.task_id not in prompts:
                 prompts[spec.task_id] = ray.get(rollout.prompt_ids.remote(spec.task_id))
             prompt, size = found.get(spec.group_id, (prompts[spec.task_id], 0))
             found[spec.group_id] = (prompt, size + 1)
-        return found
+            members.setdefault(spec.group_id, []).append(spec.trajectory_id)
+        if not with_members:
+            return dict(found)
+        return {g: (*spec, tuple(sorted(members[g]))) for g, spec in found.items()}
 
     return groups
 

@@ -53,6 +53,10 @@ class PeerRefusal(LearnerRefusal):
 class GroupSpec:
     prompt_ids: tuple[int, ...]
     size: int
+    #: The ids of the group's trajectories when the plan knows them before any lands
+    #: (``size`` of them, or empty): what lets a learner fix a plan by the ids alone
+    #: (``learner_chunks``), and a trajectory of the group under another id is refused.
+    members: tuple[str, ...] = ()
 
 
 @dataclass
@@ -104,14 +108,30 @@ class _HasGroup(Protocol):
     def prompt_ids(self) -> tuple[int, ...]: ...
 
 
-def groups_of(trajectories: Sequence[_HasGroup]) -> dict[str, GroupSpec]:
-    """Group specs read off a complete batch (for replay and the sync reference)."""
+def groups_of(
+    trajectories: Sequence[_HasGroup], *, with_members: bool = False
+) -> dict[str, GroupSpec]:
+    """Group specs read off a complete batch (for replay and the sync reference);
+    ``with_members``: each with its trajectories' ids (whole trajectories, one per id)."""
     sizes: dict[str, int] = {}
     prompts: dict[str, tuple[int, ...]] = {}
+    members: dict[str, list[str]] = {}
     for traj in trajectories:
         sizes[traj.group_id] = sizes.get(traj.group_id, 0) + 1
         prompts.setdefault(traj.group_id, traj.prompt_ids)
-    return {g: GroupSpec(prompts[g], sizes[g]) for g in sizes}
+        if with_members:
+            members.setdefault(traj.group_id, []).append(traj.trajectory_id)  # type: ignore[attr-defined]
+    return {g: GroupSpec(prompts[g], sizes[g], tuple(sorted(members.get(g, [])))) for g in sizes}
+
+
+def _check_spec(group_id: str, spec: GroupSpec) -> None:
+    if spec.size < 1 or not spec.prompt_ids:
+        raise LearnerRefusal(f"group {group_id!r}: needs size >= 1 and a non-empty prompt")
+    if spec.members and (len(spec.members) != spec.size or len(set(spec.members)) != spec.size):
+        raise LearnerRefusal(
+            f"group {group_id!r}: its planned trajectory ids must be {spec.size} distinct ids, "
+            f"got {list(spec.members)[:8]}"
+        )
 
 
 def default_accum_dtype(model: PreTrainedModel) -> torch.dtype:
@@ -173,8 +193,7 @@ class LearnerBase:
         if self._in_batch:
             raise LearnerRefusal("begin_batch called while a batch is in progress")
         for gid, spec in groups.items():
-            if spec.size < 1 or not spec.prompt_ids:
-                raise LearnerRefusal(f"group {gid!r}: needs size >= 1 and a non-empty prompt")
+            _check_spec(gid, spec)
         self._groups = dict(groups)
         self._done = {g: set() for g in groups}
         self._param_versions = [p._version for p in self.params]
@@ -200,8 +219,7 @@ class LearnerBase:
         for gid, spec in groups.items():
             if gid in self._groups:
                 raise LearnerRefusal(f"group {gid!r} is already registered in this batch")
-            if spec.size < 1 or not spec.prompt_ids:
-                raise LearnerRefusal(f"group {gid!r}: needs size >= 1 and a non-empty prompt")
+            _check_spec(gid, spec)
             self._groups[gid] = spec
             self._done[gid] = set()
 
@@ -381,6 +399,10 @@ class LearnerBase:
             raise LearnerRefusal(f"trajectory {tid!r}: group {group_id!r} is not registered")
         if prompt_ids != spec.prompt_ids:
             raise LearnerRefusal(f"trajectory {tid!r}: prompt differs from its group's prompt")
+        if spec.members and tid not in spec.members:
+            raise LearnerRefusal(
+                f"trajectory {tid!r} is not one of group {group_id!r}'s planned trajectories"
+            )
         done = self._done[group_id]
         if tid in done:
             raise LearnerRefusal(f"trajectory {tid!r} submitted twice")

@@ -48,6 +48,19 @@ backward each) and its contribution waits for the barrier, which adds them in gr
 order. Nothing depends on the arrival, so a thundersync update is bitwise the sync one
 (whose whole batch arrives at once) and the work is the packed sync learner's; the cost is
 that a group's backward starts at its last reward instead of at each.
+
+Chunks (``chunks`` > 1, with ``order="fixed"`` and packs, for groups whose trajectory ids
+are planned, ``GroupSpec.members``): the group's sorted ids are cut into ``chunks`` runs, a
+plan fixed before anything lands. A chunk runs once its members have landed: its members
+split by reward value, each value's packs one backward of sum_i S_i (weight 1), and the
+gradient G_{c,v} kept until the group closes, which adds A(v) G_{c,v} in chunk and value
+order (A(v) the advantage of reward v). Every trajectory of a value has the same advantage,
+so this is sum_i A_i grad S_i; with 0/1 rewards a chunk takes at most two backwards. A chunk
+whose rewards are all equal waits for its group's close (the group may turn out uniform,
+whose advantages are all 0 and which takes no backward); a chunk with two reward values
+proves the group is not, so it runs at once. Sync runs the same chunks at close in the same
+order: the update is still bitwise thundersync's, and the work is only the chunk split's
+extra packs; the overlap is that a group's first chunks run before its last reward.
 """
 
 from __future__ import annotations
@@ -62,7 +75,14 @@ import torch
 from transformers import PreTrainedModel
 
 from thundersync_core.batch import Trajectory
-from thundersync_core.objectives.grpo import LossAgg, advantages, close_coefficients
+from thundersync_core.objectives.grpo import (
+    EPS,
+    LossAgg,
+    advantages,
+    close_coefficients,
+    group_moments,
+    is_uniform,
+)
 from thundersync_core.policy.logprobs import scored_logprobs
 from thundersync_core.streaming.base import GroupSpec, LearnerRefusal
 from thundersync_core.streaming.grpo_base import GRPOLearnerBase
@@ -82,6 +102,12 @@ class _OpenGroup:
     arrived: dict[str, tuple[float, float, list[torch.Tensor | None] | None]] = field(
         default_factory=dict
     )
+    #: chunks: chunk index -> (reward value, the gradient of sum_i S_i over its members
+    #: of that value) in value order, and each run member's (reward, score) by id.
+    chunk_grads: dict[int, list[tuple[float, list[torch.Tensor | None]]]] = field(
+        default_factory=dict
+    )
+    chunk_scores: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -101,7 +127,10 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         is_clip: float | None = None,
         order: Literal["arrival", "fixed"] = "arrival",
         release: Literal["trajectory", "group"] = "trajectory",
+        chunks: int = 1,
     ) -> None:
+        if chunks < 1:
+            raise ValueError(f"chunks must be >= 1, got {chunks}")
         if max_open_groups < 1:
             raise ValueError(f"max_open_groups must be >= 1, got {max_open_groups}")
         if order not in ("arrival", "fixed"):
@@ -119,6 +148,7 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         self.max_open_groups = max_open_groups
         self.order = order
         self.release = release
+        self.chunks = chunks
 
     def _on_begin(self) -> None:
         self._open: dict[str, _OpenGroup] = {}
@@ -131,6 +161,7 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         self._stats = {"groups_closed": 0, "prefix_replays": 0, "sources_held": 0}
         self._stats |= {"peak_open_groups": 0, "trajectory_backwards": 0}
         self._stats |= {"pack_backwards": 0, "packed_trajectories": 0}
+        self._stats |= {"chunks_run": 0, "chunks_run_early": 0, "uniform_groups_skipped": 0}
 
     def _on_submit(self, traj: Trajectory) -> None:
         if self.release == "group":
@@ -224,22 +255,119 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             self._waiting.setdefault(traj.group_id, []).append(traj)
         for group_id in sorted({traj.group_id for traj in trajs}):
             members = self._waiting[group_id]
+            if self._chunked(group_id, pack_tokens):
+                self._run_chunks(group_id, pack_tokens)
+                continue
             if len(members) < self._groups[group_id].size:
                 continue
             del self._waiting[group_id]
             members.sort(key=lambda traj: traj.trajectory_id)
             self._run_closing(group_id, members, pack_tokens)
 
+    # -- chunks ----------------------------------------------------------------------------
+    def _chunked(self, group_id: str, pack_tokens: int) -> bool:
+        """Whether a group runs as chunks: asked for, ids planned, fixed order and packs."""
+        spec = self._groups[group_id]
+        return (
+            self.chunks > 1
+            and bool(spec.members)
+            and self.order == "fixed"
+            and self.release == "trajectory"
+            and pack_tokens > 0
+        )
+
+    def _chunk_plan(self, group_id: str) -> list[tuple[str, ...]]:
+        """The group's sorted planned ids cut into ``chunks`` runs of near-equal size."""
+        ids = sorted(self._groups[group_id].members)
+        n = min(self.chunks, len(ids))
+        return [tuple(ids[k * len(ids) // n : (k + 1) * len(ids) // n]) for k in range(n)]
+
+    def _run_chunks(self, group_id: str, pack_tokens: int) -> None:
+        """Run every chunk of the group that may run now; close the group once all landed.
+        A chunk runs when its members have landed and either carry two reward values (the
+        group is then surely not uniform) or the group is complete (and not uniform)."""
+        landed = {traj.trajectory_id: traj for traj in self._waiting[group_id]}
+        complete = len(landed) == self._groups[group_id].size
+        uniform = complete and max(t.reward for t in landed.values()) == min(
+            t.reward for t in landed.values()
+        )
+        group = self._open.get(group_id)
+        for k, chunk in enumerate(self._chunk_plan(group_id)):
+            if group is not None and k in group.chunk_grads:
+                continue
+            if uniform or not all(i in landed for i in chunk):
+                continue
+            rewards = {landed[i].reward for i in chunk}
+            if len(rewards) < 2 and not complete:
+                continue
+            group = group or self._open.get(group_id) or self._open_group(group_id)
+            self._run_chunk(group, k, [landed[i] for i in chunk], pack_tokens)
+            self._stats["chunks_run_early"] += 0 if complete else 1
+        if not complete:
+            return
+        del self._waiting[group_id]
+        if uniform:  # every advantage is 0: no forward, no backward, nothing to add
+            assert group is None, "a chunk ran in a group whose rewards are all equal"
+            self._close_uniform(group_id)
+            return
+        assert group is not None, "a complete group that is not uniform has run its chunks"
+        ordered = [group.chunk_scores[i] for i in sorted(group.chunk_scores)]
+        group.rewards = [reward for reward, _ in ordered]
+        group.scores = [score for _, score in ordered]
+        group.shift = group.rewards[0]
+        mean, std = group_moments(group.rewards)
+        direct: list[torch.Tensor | None] | None = None
+        for k in sorted(group.chunk_grads):
+            for value, grads in group.chunk_grads.pop(k):
+                direct = _add_scaled(direct, grads, (value - mean) / (std + EPS), self.accum_dtype)
+        self._close(group_id, direct=direct)
+
+    def _run_chunk(
+        self, group: _OpenGroup, k: int, members: list[Trajectory], pack_tokens: int
+    ) -> None:
+        """One chunk: its members by reward value, each value's packs one backward of
+        sum_i S_i, summed in pack order into G_{k,v}."""
+        results: list[tuple[float, list[torch.Tensor | None]]] = []
+        for value in sorted({t.reward for t in members}):
+            same = [t for t in members if t.reward == value]  # id order
+            total: list[torch.Tensor | None] | None = None
+            for pack in _packs(same, pack_tokens):
+                scores, grads = self._pack_scores_and_grads(pack, group.prefix, [1.0] * len(pack))
+                for traj, score in zip(pack, scores, strict=True):
+                    group.chunk_scores[traj.trajectory_id] = (traj.reward, score)
+                if grads is None:
+                    continue
+                if total is None:
+                    total = grads
+                else:
+                    total = [d if g is None else (g if d is None else _add_into(d, g))
+                             for d, g in zip(total, grads, strict=True)]  # fmt: skip
+                del grads
+            if total is not None:
+                results.append((value, total))
+        group.chunk_grads[k] = results
+        self._stats["chunks_run"] += 1
+
     def _run_closing(self, group_id: str, members: list[Trajectory], pack_tokens: int) -> None:
         """``members`` close their group: every advantage is known, so each of their packs
         (of at most ``pack_tokens`` padded tokens, 0: one trajectory a pack) takes one
-        backward of sum_i A_i S_i; their sum joins the group's statistics at its close."""
+        backward of sum_i A_i S_i; their sum joins the group's statistics at its close.
+        A group whose rewards are all equal has every advantage 0: it closes with no
+        forward and no backward (its members' earlier statistics are weighted by 0)."""
+        if group_id not in self._open and is_uniform([t.reward for t in members]):
+            self._close_uniform(group_id)
+            return
         group = self._open.get(group_id) or self._open_group(group_id)
         if group.shift is None:
             group.shift = members[0].reward
         rewards = group.rewards + [traj.reward for traj in members]
         assert len(rewards) == group.spec.size, "the members close their group"
         coeff_x1, coeff_x2 = close_coefficients(rewards, group.shift)
+        if is_uniform(rewards):
+            group.rewards += [t.reward for t in members]
+            group.scores += [0.0] * len(members)  # A_i = 0: nothing to score
+            self._close(group_id)
+            return
         direct: list[torch.Tensor | None] | None = None
         for pack in _packs(members, pack_tokens) if pack_tokens > 0 else [[t] for t in members]:
             weights = [coeff_x1 * (t.reward - group.shift) + coeff_x2 for t in pack]
@@ -256,6 +384,14 @@ class StreamingGRPOLearner(GRPOLearnerBase):
                           for d, g in zip(direct, grads, strict=True)]  # fmt: skip
             del grads  # not held through the next pack's backward
         self._close(group_id, direct=direct)
+
+    def _close_uniform(self, group_id: str) -> None:
+        """Close a group none of whose trajectories ran, whose rewards are all equal: every
+        advantage is 0, so it adds nothing (objective 0, no gradient)."""
+        self._stats["groups_closed"] += 1
+        self._stats["uniform_groups_skipped"] += 1
+        if self.order == "fixed":
+            self._closed[group_id] = (0.0, [])
 
     def _run_landed(self, group_id: str, members: list[Trajectory], pack_tokens: int) -> None:
         """Landed members of an admitted group (order="arrival"): if they close it, they run
@@ -423,6 +559,9 @@ class StreamingGRPOLearner(GRPOLearnerBase):
                 total += sum(t.numel() * t.element_size() for t in buffers or [])
             for _reward, _score, grads in group.arrived.values():
                 total += sum(t.numel() * t.element_size() for t in grads or [] if t is not None)
+            for results in group.chunk_grads.values():
+                for _value, grads in results:
+                    total += sum(t.numel() * t.element_size() for t in grads if t is not None)
         for _objective, parts in getattr(self, "_closed", {}).values():
             total += sum(t.numel() * t.element_size() for g in parts for t in g if t is not None)
         return total
@@ -451,6 +590,26 @@ def _combine(
             if g is not None:
                 acc.add_(g.to(dtype))
     return combined
+
+
+def _add_scaled(
+    total: list[torch.Tensor | None] | None,
+    grads: list[torch.Tensor | None],
+    coeff: float,
+    dtype: torch.dtype,
+) -> list[torch.Tensor | None]:
+    """``total + coeff * grads`` per input, in ``dtype`` (a fresh sum when ``total`` is None)."""
+    if total is None:
+        return [None if g is None else g.to(dtype) * coeff for g in grads]
+    out: list[torch.Tensor | None] = []
+    for acc, g in zip(total, grads, strict=True):
+        if g is None:
+            out.append(acc)
+        elif acc is None:
+            out.append(g.to(dtype) * coeff)
+        else:
+            out.append(acc.add_(g.to(dtype), alpha=coeff))
+    return out
 
 
 def _add_into(total: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
