@@ -139,7 +139,7 @@ def replay(
         "dtype": dtype,
         "seed": seed,
         **(
-            {"order": order, "release": release}
+            {"order": order, "release": release, "chunks": chunks}
             if objective == "grpo" and schedule == "stream"
             else {}
         ),

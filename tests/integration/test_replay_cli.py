@@ -45,18 +45,21 @@ def test_replay_sync_and_stream_agree_in_fp64(micro_model_dir, batch_file, tmp_p
     outs = {}
     runs = [("sync", 0, 0, "arrival", "trajectory"), ("stream", 1, 0, "arrival", "trajectory"),
             ("stream", 2, 0, "arrival", "group"), ("stream", 3, 4096, "arrival", "trajectory"),
-            ("stream", 4, 64, "fixed", "trajectory")]  # fmt: skip
+            ("stream", 4, 64, "fixed", "trajectory"),
+            ("stream", 5, 64, "fixed", "chunks")]  # fmt: skip
     if loss_agg == "token-mean":
         # Release rules, packs and orders under token-mean: tests/unit/test_grpo_packed.py
         # and test_grpo_exactness.py, in process; here the CLI's sync and stream agree.
         runs = runs[:2]
-    for schedule, seed, pack, order, release in runs:
+    for schedule, seed, pack, order, how in runs:
         out = tmp_path / f"{schedule}-{seed}"
+        chunks = ["--chunks", "2"] if how == "chunks" else []
+        release = "trajectory" if how == "chunks" else how
         done = thundersync(
             "replay", "--model", str(micro_model_dir), "--batch", str(path),
             "--objective", "grpo", "--schedule", schedule, "--loss-agg", loss_agg,
             "--dtype", "float64", "--seed", str(seed), "--pack-tokens", str(pack),
-            "--order", order, "--release", release, "--out", str(out),
+            "--order", order, "--release", release, *chunks, "--out", str(out),
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         summary = json.loads((out / "summary.json").read_text())
@@ -85,6 +88,10 @@ def test_replay_sync_and_stream_agree_in_fp64(micro_model_dir, batch_file, tmp_p
     # Every trajectory ran in a pack (none one at a time), a group at a time.
     assert fixed["counters"]["packed_trajectories"] == 12
     assert fixed["counters"]["trajectory_backwards"] == 0
+    # Each group as two id-chunks (its rewards graded: each chunk has two values).
+    chunked = json.loads((outs[("stream", 5)] / "summary.json").read_text())["counters"]
+    assert chunked["chunks_run"] == 6
+    assert chunked["trajectory_backwards"] == 0
 
 
 def test_malformed_batch_writes_nothing(micro_model_dir, batch_file, tmp_path):
