@@ -75,14 +75,7 @@ import torch
 from transformers import PreTrainedModel
 
 from thundersync_core.batch import Trajectory
-from thundersync_core.objectives.grpo import (
-    EPS,
-    LossAgg,
-    advantages,
-    close_coefficients,
-    group_moments,
-    is_uniform,
-)
+from thundersync_core.objectives.grpo import LossAgg, advantages, close_coefficients, is_uniform
 from thundersync_core.policy.logprobs import scored_logprobs
 from thundersync_core.streaming.base import GroupSpec, LearnerRefusal
 from thundersync_core.streaming.grpo_base import GRPOLearnerBase
@@ -288,9 +281,7 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         group is then surely not uniform) or the group is complete (and not uniform)."""
         landed = {traj.trajectory_id: traj for traj in self._waiting[group_id]}
         complete = len(landed) == self._groups[group_id].size
-        uniform = complete and max(t.reward for t in landed.values()) == min(
-            t.reward for t in landed.values()
-        )
+        uniform = complete and is_uniform([t.reward for t in landed.values()])
         group = self._open.get(group_id)
         for k, chunk in enumerate(self._chunk_plan(group_id)):
             if group is not None and k in group.chunk_grads:
@@ -315,11 +306,12 @@ class StreamingGRPOLearner(GRPOLearnerBase):
         group.rewards = [reward for reward, _ in ordered]
         group.scores = [score for _, score in ordered]
         group.shift = group.rewards[0]
-        mean, std = group_moments(group.rewards)
+        coeff_x1, coeff_x2 = close_coefficients(group.rewards, group.shift)
         direct: list[torch.Tensor | None] | None = None
         for k in sorted(group.chunk_grads):
             for value, grads in group.chunk_grads.pop(k):
-                direct = _add_scaled(direct, grads, (value - mean) / (std + EPS), self.accum_dtype)
+                advantage = coeff_x1 * (value - group.shift) + coeff_x2
+                direct = _add_scaled(direct, grads, advantage, self.accum_dtype)
         self._close(group_id, direct=direct)
 
     def _run_chunk(
@@ -335,13 +327,8 @@ class StreamingGRPOLearner(GRPOLearnerBase):
                 scores, grads = self._pack_scores_and_grads(pack, group.prefix, [1.0] * len(pack))
                 for traj, score in zip(pack, scores, strict=True):
                     group.chunk_scores[traj.trajectory_id] = (traj.reward, score)
-                if grads is None:
-                    continue
-                if total is None:
-                    total = grads
-                else:
-                    total = [d if g is None else (g if d is None else _add_into(d, g))
-                             for d, g in zip(total, grads, strict=True)]  # fmt: skip
+                if grads is not None:
+                    total = _sum_grads(total, grads)
                 del grads
             if total is not None:
                 results.append((value, total))
@@ -362,12 +349,12 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             group.shift = members[0].reward
         rewards = group.rewards + [traj.reward for traj in members]
         assert len(rewards) == group.spec.size, "the members close their group"
-        coeff_x1, coeff_x2 = close_coefficients(rewards, group.shift)
         if is_uniform(rewards):
             group.rewards += [t.reward for t in members]
             group.scores += [0.0] * len(members)  # A_i = 0: nothing to score
             self._close(group_id)
             return
+        coeff_x1, coeff_x2 = close_coefficients(rewards, group.shift)
         direct: list[torch.Tensor | None] | None = None
         for pack in _packs(members, pack_tokens) if pack_tokens > 0 else [[t] for t in members]:
             weights = [coeff_x1 * (t.reward - group.shift) + coeff_x2 for t in pack]
@@ -375,13 +362,8 @@ class StreamingGRPOLearner(GRPOLearnerBase):
             # A pack's rows in the order of their scores: the objective pairs them.
             group.rewards += [t.reward for t in pack]
             group.scores += scores
-            if grads is None:
-                continue
-            if direct is None:
-                direct = grads
-            else:  # in place: the sum and one pack's gradient, never two sums
-                direct = [d if g is None else (g if d is None else _add_into(d, g))
-                          for d, g in zip(direct, grads, strict=True)]  # fmt: skip
+            if grads is not None:
+                direct = _sum_grads(direct, grads)
             del grads  # not held through the next pack's backward
         self._close(group_id, direct=direct)
 
@@ -610,6 +592,17 @@ def _add_scaled(
         else:
             out.append(acc.add_(g.to(dtype), alpha=coeff))
     return out
+
+
+def _sum_grads(
+    total: list[torch.Tensor | None] | None, grads: list[torch.Tensor | None]
+) -> list[torch.Tensor | None]:
+    """``total + grads`` per input, in place where it can (the sum and one pack's
+    gradient, never two sums); ``grads`` itself when there is no sum yet."""
+    if total is None:
+        return grads
+    return [d if g is None else (g if d is None else _add_into(d, g))
+            for d, g in zip(total, grads, strict=True)]  # fmt: skip
 
 
 def _add_into(total: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
