@@ -217,6 +217,7 @@ def shared_start(config: dict[str, Any], out: Path) -> dict[str, str]:
     from thundersync_core.config import TrainConfig  # noqa: PLC0415
     from thundersync_core.pools import load_pool  # noqa: PLC0415
     from thundersync_core.warmstart.cache import prepare_policies  # noqa: PLC0415
+    from thundersync_core.warmstart.frontier import frontier_pool  # noqa: PLC0415
 
     resolved = TrainConfig.model_validate(config)
     needs_teacher = resolved.objective == "opd" and resolved.policy.teacher_path is None
@@ -224,6 +225,8 @@ def shared_start(config: dict[str, Any], out: Path) -> dict[str, str]:
         return {}
     pool = load_pool(resolved.tasks.prep_dir, "train", resolved.tasks.families)
     policy, teacher = prepare_policies(resolved, Path(out), list(pool.values()))
+    # Scored once here (kept in the warm-start cache), not by each schedule's run.
+    frontier_pool(resolved, policy, pool, Path(out), report=lambda line: progress("frontier", line))
     overrides = {"policy.path": str(policy)}
     if teacher is not None:
         overrides["policy.teacher_path"] = str(teacher)

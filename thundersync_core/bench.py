@@ -87,10 +87,12 @@ def start_rig(config: TrainConfig, out_dir: Path) -> BenchRig:
     )
     from thundersync_core.schedules.base import group_lookup  # noqa: PLC0415
     from thundersync_core.warmstart.cache import prepare_policies  # noqa: PLC0415
+    from thundersync_core.warmstart.frontier import frontier_pool  # noqa: PLC0415
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pool = load_pool(config.tasks.prep_dir, "train", config.tasks.families)
     policy_dir, teacher_dir = prepare_policies(config, out_dir, list(pool.values()))
+    pool = frontier_pool(config, policy_dir, pool, out_dir)
     start_ray(config.resources)
     # The two learners share the learner's cores and its share of Ray's CPUs: one of them
     # works at a time.
@@ -183,8 +185,9 @@ def measure_contention(rig: BenchRig, config: TrainConfig, step: int) -> dict[st
     learner's time for the sources it served beside that rollout over their time alone;
     ``rollout_slowdown``: the rollout stage beside the learner over alone (one sample each;
     recorded beside the spread of two rollouts alone, not applied). GRPO on one learner rank
-    only (an OPD source is a teacher-scored turn; a learner group routes sources to ranks):
-    None otherwise, and the predictions go without it. No weights change."""
+    only (an OPD source is a teacher-scored turn; a learner group routes sources to ranks),
+    on a batch that gives the learner work (a group with two reward values): None
+    otherwise, and the predictions go without it. No weights change."""
     import ray  # noqa: PLC0415
 
     from thundersync_core.pools import plan_step  # noqa: PLC0415
@@ -208,6 +211,13 @@ def measure_contention(rig: BenchRig, config: TrainConfig, step: int) -> dict[st
     batch.sort(key=lambda t: t.trajectory_id)
     _, alone_rollout_s = _timed_rollout(ctx, specs)
     alone = {i: t1 - t0 for i, t0, t1 in ray.get(learner.time_sources.remote(groups, batch))}
+    if not alone:
+        print(
+            f"[bench contention, batch {step}] not measured: every group of the batch has "
+            "equal rewards, so the learner has no work to time",
+            flush=True,
+        )
+        return None
     folder = Path(tempfile.mkdtemp(prefix="thundersync-contention-"))
     try:
         stop = folder / "stop"

@@ -141,6 +141,21 @@ class WarmStartConfig(_Strict):
     cache_dir: Path | None = None
 
 
+class FrontierConfig(_Strict):
+    """Train only on tasks the starting policy solves some of the time: those whose
+    reference first action it samples with probability p in [min_p, max_p]
+    (``warmstart/frontier.py``)."""
+
+    min_p: float = Field(ge=0, le=1)
+    max_p: float = Field(ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FrontierConfig:
+        if self.min_p >= self.max_p:
+            raise ValueError(f"min_p ({self.min_p}) must be below max_p ({self.max_p})")
+        return self
+
+
 class TasksConfig(_Strict):
     #: The output folder of ``thundersync prep`` (terminal/{train,dev}.parquet).
     prep_dir: Path = Path("runs/prep")
@@ -160,6 +175,9 @@ class TasksConfig(_Strict):
     #: Also warm-start on the prep run's warm-start-only tasks (``terminal/warmstart.parquet``,
     #: written when the prep config has ``warm_start_pool``), when there are any.
     warm_start_pool: bool = True
+    #: Keep only the train tasks the starting policy solves some of the time (a GRPO group
+    #: whose rewards are all equal teaches nothing): see ``FrontierConfig``. None: all.
+    frontier: FrontierConfig | None = None
 
 
 class RolloutConfig(_Strict):

@@ -54,6 +54,7 @@ from thundersync_core.runtime.roles import (
 )
 from thundersync_core.runtime.rollout_worker import RolloutSpec
 from thundersync_core.warmstart.cache import prepare_policies
+from thundersync_core.warmstart.frontier import frontier_pool
 
 #: Seconds between the engine watchdog's looks at the engine's processes.
 ENGINE_WATCH_S = 1.0
@@ -222,7 +223,7 @@ def train(
     (out / "config.yaml").write_text(dump_config(config))
     train_pool = load_pool(config.tasks.prep_dir, "train", config.tasks.families)
     dev_pool = load_pool(config.tasks.prep_dir, "dev", config.tasks.families)
-    policy_dir, teacher_dir = prepare_policies(config, out, list(train_pool.values()))
+    policy_dir, teacher_dir, train_pool = _starting_policies(config, out, train_pool)
     dev_ids, summary = _dev_and_summary(config)
     dev_key, shared = _dev_before_source(config, policy_dir, dev_ids, resumed=bool(checkpoint))
     start_ray(config.resources)
@@ -278,6 +279,15 @@ def train(
             signal.signal(signal.SIGTERM, previous)
         crew.close(summary)
     return summary
+
+
+def _starting_policies(
+    config: TrainConfig, out: Path, train_pool: dict[str, Path]
+) -> tuple[Path, Path | None, dict[str, Path]]:
+    """(policy, OPD teacher or None, the train pool cut to ``tasks.frontier`` under that
+    policy)."""
+    policy_dir, teacher_dir = prepare_policies(config, out, list(train_pool.values()))
+    return policy_dir, teacher_dir, frontier_pool(config, policy_dir, train_pool, out)
 
 
 @dataclass

@@ -274,6 +274,24 @@ def test_timing_passes_leave_the_learner_as_it_was(micro_model_dir, tmp_path, pa
     assert all(torch.equal(after[k], v) for k, v in load_file(b["weights"]).items())
 
 
+def test_timing_leaves_out_groups_with_equal_rewards(micro_model_dir, tmp_path):
+    """With packs a group whose rewards are all equal costs the learner nothing, so the
+    timing pass leaves it out; a batch of only such groups times nothing and returns at
+    once, even with a stop file that never appears (the bench then reports no contention)."""
+    batch = random_batch(seed=6, vocab=1024, n_groups=3, group_size=3)
+    uniform = [dataclasses.replace(t, reward=1.0) if t.group_id != "g1" else t for t in batch]
+    groups = {g: (s.prompt_ids, s.size) for g, s in groups_of(batch).items()}
+    config = config_for(1).model_copy(update={"learner_pack_tokens": 4096})
+    timed = LearnerWorker(micro_model_dir, config, publish_dir=tmp_path / "timed")
+    times = timed.time_sources(groups, uniform)
+    assert [i for i, _, _ in times] == [t.trajectory_id for t in batch if t.group_id == "g1"]
+    all_equal = [dataclasses.replace(t, reward=0.0) for t in batch]
+    started = time.monotonic()
+    assert timed.time_sources(groups, all_equal, str(tmp_path / "never")) == []
+    assert time.monotonic() - started < 5.0
+    assert timed.version() == 0
+
+
 def test_ranks_sit_in_one_placement_group_that_is_given_back(
     ray_session, micro_model_dir, tmp_path
 ):

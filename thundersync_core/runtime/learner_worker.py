@@ -25,6 +25,7 @@ from thundersync_core.batch import Trajectory, Turn
 from thundersync_core.checkpoint import load_checkpoint, save_checkpoint
 from thundersync_core.config import TrainConfig
 from thundersync_core.metrics import FlopLedger, measure_peak_flops, turn_token_versions
+from thundersync_core.objectives.grpo import is_uniform
 from thundersync_core.policy.io import load_model, load_tokenizer
 from thundersync_core.policy.logprobs import SamplingFilter, set_policy_sampling
 from thundersync_core.runtime.placement import pin_to_cores
@@ -349,7 +350,8 @@ class LearnerWorker:
 
         The sources run as the schedules' learner runs them: with packs
         (``learner_pack_tokens``) a group at a time through ``submit_many``, its time shared
-        evenly among its trajectories (consecutive intervals), else one at a time. Without
+        evenly among its trajectories (consecutive intervals; a group with equal rewards is
+        left out, as the learner skips it), else one at a time. Without
         ``stop_file`` one pass; with it, passes repeat until that file exists (the bench's
         contention measurement keeps the learner working beside a rollout)."""
         if self.learner.in_batch:
@@ -363,7 +365,11 @@ class LearnerWorker:
             members: dict[str, list[Trajectory]] = {}
             for traj in trajectories:
                 members.setdefault(traj.group_id, []).append(traj)
-            units = list(members.values())
+            # A group whose rewards are all equal costs the packed learner nothing (no
+            # advantage, no forward): it is not timed, and a pass of only such groups is empty.
+            units = [m for m in members.values() if not is_uniform([t.reward for t in m])]
+        if not units:
+            return []
         times: list[tuple[str, float, float]] = []
         while True:
             self.learner.begin_batch(specs)

@@ -26,7 +26,7 @@ from thundersync_core.config import TrainConfig
 from thundersync_core.rollout.weights import process_alive
 from thundersync_core.runtime.child import run_child, tcmalloc
 
-__all__ = ["prepare_policies", "warm_start_key"]
+__all__ = ["digest_files", "prepare_policies", "warm_start_key"]
 
 
 def prepare_policies(
@@ -192,13 +192,13 @@ def warm_start_key(
         settings["compute_dtype"] = config.warm_start.compute_dtype
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     if init_from is not None:
-        _digest_files(digest, Path(init_from), "init_from")
+        digest_files(digest, Path(init_from), "init_from")
     if config.warm_start.enabled:
         for task in collect_tasks(list(roots), families=families):
-            _digest_files(digest, task.root, task.task_id)
+            digest_files(digest, task.root, task.task_id)
     package = Path(__file__).resolve().parent.parent
     for code in ("warmstart", "policy", "rollout"):
-        _digest_files(digest, package / code, code, pattern="*.py")
+        digest_files(digest, package / code, code, pattern="*.py")
     return digest.hexdigest()
 
 
@@ -217,7 +217,7 @@ def _remove_abandoned_scratch(target: Path) -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _digest_files(digest: Any, root: Path, label: str, pattern: str = "*") -> None:
+def digest_files(digest: Any, root: Path, label: str, pattern: str = "*") -> None:
     for path in sorted(p for p in root.rglob(pattern) if p.is_file()):
         digest.update(f"{label}/{path.relative_to(root).as_posix()}".encode())
         digest.update(path.read_bytes())
