@@ -29,6 +29,21 @@ def test_embedded_config_loads_and_resolves_relative_paths(name: str) -> None:
         assert config.warm_start.cache_dir == (CONFIGS.parent / "runs" / "warmstart-cache")
 
 
+def test_the_bench_measures_the_demos_workload() -> None:
+    """The bench config trains what the demo trains (same warm start, hence one cached
+    policy and one frontier score, same tasks, batch, rollout and learner settings)."""
+    bench = load_config(CONFIGS / "bench_embedded.yaml")
+    demo = load_config(CONFIGS / "train_embedded.yaml")
+    assert bench.warm_start == demo.warm_start
+    assert bench.policy == demo.policy
+    assert bench.rollout == demo.rollout
+    assert bench.tasks.model_copy(update={"dev_tasks": 0, "dev_samples": 1}) == (
+        demo.tasks.model_copy(update={"dev_tasks": 0, "dev_samples": 1})
+    )
+    keys = ("groups_per_step", "group_size", "lr", "learner_pack_tokens", "max_open_groups")
+    assert [getattr(bench, k) for k in keys] == [getattr(demo, k) for k in keys]
+
+
 def test_relative_pools_to_leave_out_of_dev_are_relative_to_the_file(tmp_path: Path) -> None:
     path = tmp_path / "conf" / "c.yaml"
     path.parent.mkdir()
