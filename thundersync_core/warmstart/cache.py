@@ -26,7 +26,7 @@ from thundersync_core.config import TrainConfig
 from thundersync_core.rollout.weights import process_alive
 from thundersync_core.runtime.child import run_child, tcmalloc
 
-__all__ = ["digest_files", "prepare_policies", "warm_start_key"]
+__all__ = ["digest_code", "digest_files", "prepare_policies", "warm_start_key"]
 
 
 def prepare_policies(
@@ -196,9 +196,7 @@ def warm_start_key(
     if config.warm_start.enabled:
         for task in collect_tasks(list(roots), families=families):
             digest_files(digest, task.root, task.task_id)
-    package = Path(__file__).resolve().parent.parent
-    for code in ("warmstart", "policy", "rollout"):
-        digest_files(digest, package / code, code, pattern="*.py")
+    digest_code(digest)
     return digest.hexdigest()
 
 
@@ -215,6 +213,13 @@ def _remove_abandoned_scratch(target: Path) -> None:
         pid = scratch.name[len(prefix) :]
         if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def digest_code(digest: Any) -> None:
+    """The warm-start, policy and agent code: what a warm start's weights depend on."""
+    package = Path(__file__).resolve().parent.parent
+    for code in ("warmstart", "policy", "rollout"):
+        digest_files(digest, package / code, code, pattern="*.py")
 
 
 def digest_files(digest: Any, root: Path, label: str, pattern: str = "*") -> None:

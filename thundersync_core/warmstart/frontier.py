@@ -49,19 +49,16 @@ def reference_action_logprobs(
     import torch  # noqa: PLC0415
 
     from thundersync_core.policy.logprobs import scored_logprobs  # noqa: PLC0415
+    from thundersync_core.warmstart.sft import collate  # noqa: PLC0415
 
     sums = [0.0] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
     with torch.no_grad():
         for start in range(0, len(order), _BATCH):
             chunk = order[start : start + _BATCH]
-            width = max(len(rows[i][0]) for i in chunk)
-            ids_BT = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            scored_BT = torch.zeros((len(chunk), width), dtype=torch.bool)
-            for b, i in enumerate(chunk):
-                ids, scored = rows[i]
-                ids_BT[b, : len(ids)] = torch.tensor(list(ids))
-                scored_BT[b, : len(ids)] = torch.tensor(list(scored))
+            ids_BT, scored_BT = collate(
+                [(list(rows[i][0]), list(rows[i][1])) for i in chunk], pad_id
+            )
             logprobs_N, row_N = scored_logprobs(model, ids_BT, scored_BT)
             per_row = torch.zeros(len(chunk), dtype=torch.float64)
             per_row.index_add_(0, row_N, logprobs_N.double())
@@ -152,15 +149,13 @@ def _agent_settings(config: TrainConfig) -> dict[str, Any]:
 
 
 def _key(config: TrainConfig, policy_dir: Path, pool: Mapping[str, Path]) -> str:
-    from thundersync_core.warmstart.cache import digest_files  # noqa: PLC0415
+    from thundersync_core.warmstart.cache import digest_code, digest_files  # noqa: PLC0415
 
     digest = hashlib.sha256(json.dumps(_agent_settings(config), sort_keys=True).encode())
     digest_files(digest, policy_dir, "policy")
     for task, root in sorted(pool.items()):
         digest_files(digest, Path(root), task)
-    package = Path(__file__).resolve().parent.parent
-    for code in ("warmstart", "policy", "rollout"):
-        digest_files(digest, package / code, code, pattern="*.py")
+    digest_code(digest)
     return digest.hexdigest()
 
 
