@@ -52,6 +52,12 @@ class LearnerResources(RoleResources):
     #: Memory of one learner GPU in GB: when set (GRPO), a layout the learner memory model
     #: (``perfmodel/memory.py``) says does not fit is refused at start, naming every term.
     gpu_memory_gb: float = Field(default=0.0, ge=0)
+    #: The learner's scheduling niceness (-20 to 19; None: left as Ray starts workers, 15
+    #: on Linux), set on every thread of its process. On a core it shares with other
+    #: processes (graders placed there by ``rollout.grader_cores``), the lower value gets
+    #: the CPU first: at 15 apart the kernel weighs it ~28 to 1. Lowering it needs
+    #: CAP_SYS_NICE (root); where refused, the learner says so and runs as started.
+    nice: int | None = Field(default=None, ge=-20, le=19)
 
 
 class RolloutResources(RoleResources):

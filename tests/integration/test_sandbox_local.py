@@ -27,7 +27,7 @@ from thundersync_core.rollout.sandbox import (
     SandboxUnavailable,
     open_sandbox,
 )
-from thundersync_core.rollout.sandbox.local import LocalSandbox
+from thundersync_core.rollout.sandbox.local import ROOT_PREFIX, LocalSandbox, sweep_orphans
 from thundersync_core.rollout.sandbox.output import elision_marker
 
 pytestmark = [
@@ -179,6 +179,48 @@ def test_workdir_persists_across_calls_and_is_removed_on_close():
     box.close()
     box.close()
     assert not host_root.exists()
+
+
+# A process that opens a sandbox, writes a file in it, says where it is, and waits to die.
+OPENS_AND_WAITS = """
+import sys, time
+from thundersync_core.rollout.sandbox.base import SandboxLimits
+from thundersync_core.rollout.sandbox.local import LocalSandbox
+box = LocalSandbox(SandboxLimits(timeout_s=10))
+box.exec("chmod 700 . && echo left > behind")
+print(box.host_workdir.parent, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_owners_sandbox_folder_is_swept_and_a_live_ones_kept(tmp_path):
+    env = os.environ | {"TMPDIR": str(tmp_path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", OPENS_AND_WAITS], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        orphan = Path(child.stdout.readline().strip())
+    finally:
+        child.kill()  # SIGKILL: no finalizer runs
+        child.wait()
+    assert (orphan / "work" / "behind").exists()
+    legacy = tmp_path / f"{ROOT_PREFIX}legacy"  # no owner file: another version's
+    legacy.mkdir()
+    stray = tmp_path / "not-a-sandbox"
+    stray.mkdir()
+    tempfile.tempdir = str(tmp_path)
+    try:
+        live = LocalSandbox(SandboxLimits(timeout_s=10))  # its first sandbox here sweeps
+        assert live.host_workdir.parent.parent == tmp_path
+        assert not orphan.exists()
+        assert sweep_orphans(tmp_path) == []  # the live one is held
+        assert live.host_workdir.exists()
+        assert legacy.exists()
+        assert stray.exists()
+        live.close()
+    finally:
+        tempfile.tempdir = None
+    assert not live.host_workdir.exists()
 
 
 def test_files_stdin_and_env_round_trip(sandbox, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -160,3 +161,74 @@ def test_a_role_reserves_a_bundle_per_rank_or_engine_and_nothing_when_it_holds_n
     assert bundles_of(RoleResources(num_cpus=0.0)) == (1, {})
     with pytest.raises(ValidationError, match="placement"):
         RoleResources(placement="everywhere")  # type: ignore[arg-type]
+
+
+NICE = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    from thundersync_core.runtime.placement import set_nice
+
+    go, started = threading.Event(), {}
+    nice_of = lambda tid: os.getpriority(os.PRIO_PROCESS, tid)
+
+    def early():
+        go.wait()
+        late = threading.Thread(target=lambda: started.update(late=nice_of(0)))
+        late.start()
+        late.join()
+
+    worker = threading.Thread(target=early)
+    worker.start()
+    while worker.native_id is None:
+        pass
+    before = nice_of(0)
+    got = set_nice(int(sys.argv[1]), "resources.learner.nice")
+    early_nice = nice_of(worker.native_id)
+    go.set()
+    worker.join()
+    print(json.dumps({"before": before, "returned": got, "main": nice_of(0),
+                      "early": early_nice, "late": started["late"]}))
+    """
+)
+
+
+def _nice_child(nice: int, *prefix: str) -> tuple[dict[str, int], str]:
+    out = subprocess.run(
+        [*prefix, sys.executable, "-c", NICE, str(nice)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def test_niceness_reaches_threads_that_already_run_and_their_children():
+    target = min(os.getpriority(os.PRIO_PROCESS, 0) + 3, 19)  # raising it is always allowed
+    seen, _ = _nice_child(target)
+    assert seen["before"] != target
+    assert {k: seen[k] for k in ("returned", "main", "early", "late")} == dict.fromkeys(
+        ("returned", "main", "early", "late"), target
+    )
+
+
+def test_a_niceness_not_permitted_is_named_and_changes_nothing():
+    prefix: tuple[str, ...] = ("nice", "-n", "10")
+    if os.geteuid() == 0:  # root may lower it: run the child as an unprivileged user
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("needs setpriv (util-linux) to drop root")
+        prefix += (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups")
+    seen, err = _nice_child(-5, *prefix)
+    assert seen["before"] >= 10
+    assert seen["returned"] == seen["main"] == seen["early"] == seen["late"] == seen["before"]
+    assert "resources.learner.nice: niceness -5 not permitted" in err
+
+
+def test_niceness_is_checked_in_the_config():
+    assert LearnerResources(nice=0).nice == 0
+    assert LearnerResources().nice is None
+    with pytest.raises(ValidationError, match="nice"):
+        LearnerResources(nice=20)
+    with pytest.raises(ValidationError, match="nice"):
+        LearnerResources(nice=-21)

@@ -37,6 +37,7 @@ def test_the_bench_measures_the_demos_workload() -> None:
     assert bench.warm_start == demo.warm_start
     assert bench.policy == demo.policy
     assert bench.rollout == demo.rollout
+    assert bench.resources == demo.resources
     assert bench.tasks.model_copy(update={"dev_tasks": 0, "dev_samples": 1}) == (
         demo.tasks.model_copy(update={"dev_tasks": 0, "dev_samples": 1})
     )

@@ -54,7 +54,7 @@ from thundersync_core.parallel.shared_groups import (
 )
 from thundersync_core.policy.io import load_model, load_tokenizer
 from thundersync_core.runtime.learner_worker import LearnerWorker, build_learner, learner_device
-from thundersync_core.runtime.placement import Reservation, in_bundle, pin_to_cores
+from thundersync_core.runtime.placement import Reservation, in_bundle, pin_to_cores, set_nice
 from thundersync_core.streaming.base import LearnerRefusal
 
 if TYPE_CHECKING:
@@ -118,6 +118,7 @@ class LearnerRank(LearnerWorker):
 
         res = self.config.resources.learner
         pin_to_cores(rank_cores(res.cores, self.rank, self.world_size))
+        set_nice(res.nice, "resources.learner.nice")
         torch.manual_seed(self.config.seed)
         self.device = learner_device(self.config, f"learner rank {self.rank}")
         init_process_group(

@@ -28,7 +28,7 @@ from thundersync_core.metrics import FlopLedger, measure_peak_flops, turn_token_
 from thundersync_core.objectives.grpo import is_uniform
 from thundersync_core.policy.io import load_model, load_tokenizer
 from thundersync_core.policy.logprobs import SamplingFilter, set_policy_sampling
-from thundersync_core.runtime.placement import pin_to_cores
+from thundersync_core.runtime.placement import pin_to_cores, set_nice
 from thundersync_core.streaming import (
     StreamingGRPOLearner,
     StreamingOPDLearner,
@@ -119,6 +119,7 @@ class LearnerWorker:
         from thundersync_core.parallel.fsdp import build_train_state  # noqa: PLC0415
 
         pin_to_cores(config.resources.learner.cores)
+        set_nice(config.resources.learner.nice, "resources.learner.nice")
         torch.manual_seed(config.seed)
         self.config = config
         self.device = learner_device(config)

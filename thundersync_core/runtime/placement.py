@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -247,6 +248,35 @@ def pin_to_cores(cores: Sequence[int]) -> None:
     import torch  # noqa: PLC0415
 
     torch.set_num_threads(len(cores))
+
+
+def set_nice(nice: int | None, key: str) -> int:
+    """Give every thread of this process the niceness ``nice`` (Linux keeps it per thread,
+    and a thread started later takes its starter's); returns the niceness in effect.
+
+    Where lowering it is not permitted (no CAP_SYS_NICE), prints a line naming ``key`` to
+    stderr and leaves every thread as it was.
+    """
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice is None or nice == current:
+        return current
+    tids = _thread_ids() or [0]
+    try:
+        for tid in tids:
+            with contextlib.suppress(ProcessLookupError):  # a thread may end meanwhile
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except PermissionError:
+        for tid in tids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.setpriority(os.PRIO_PROCESS, tid, current)
+        print(
+            f"{key}: niceness {nice} not permitted here (lowering it needs CAP_SYS_NICE); "
+            f"this process stays at {current}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return current
+    return nice
 
 
 def _thread_ids() -> list[int]:

@@ -129,8 +129,61 @@ def _retry_writable(func: Callable[[str], object], failed: str, _exc_info: objec
         func(failed)
 
 
-def _cleanup(root: Path, lease: _UidLease | None) -> None:
+ROOT_PREFIX = "thundersync-sandbox-"
+OWNER_FILE = ".owner"
+_swept: set[str] = set()
+
+
+def _hold_root(root: Path) -> IO[bytes]:
+    """Lock ``root``'s owner file for as long as the returned handle stays open.
+
+    The lock is taken on a file under another name and only then renamed into place (the
+    lock follows the file), so a sweeper never finds an owner file that is not yet locked.
+    """
+    fresh = root / f"{OWNER_FILE}-new"
+    handle = open(fresh, "a+b")  # noqa: SIM115 (held for the sandbox's life)
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fresh.rename(root / OWNER_FILE)
+    return handle
+
+
+def sweep_orphans(tmp: Path) -> list[Path]:
+    """Remove the sandbox roots under ``tmp`` whose owner died without closing them.
+
+    A killed process (SIGKILL, a crashed Ray actor) runs no finalizer, so its sandboxes'
+    folders stay; its lock on each root's owner file went with it. A root whose owner file
+    can be locked here has no owner left and is removed; one still locked, or without an
+    owner file (another version's, or not yet held), is left alone.
+    """
+    removed: list[Path] = []
+    for root in tmp.glob(f"{ROOT_PREFIX}*"):
+        owner = root / OWNER_FILE
+        try:
+            handle = open(owner, "rb")  # noqa: SIM115
+        except OSError:  # no owner file, not a folder, or removed meanwhile
+            continue
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its owner lives
+            _remove_tree(root)
+        removed.append(root)
+    return removed
+
+
+def _sweep_once() -> None:
+    """Sweep the temp folder for orphaned roots, once per process and folder."""
+    tmp = tempfile.gettempdir()
+    if tmp not in _swept:
+        _swept.add(tmp)
+        sweep_orphans(Path(tmp))
+
+
+def _cleanup(root: Path, lease: _UidLease | None, owner: IO[bytes] | None) -> None:
     _remove_tree(root)
+    if owner is not None:
+        owner.close()
     if lease is not None:
         lease.release()
 
@@ -153,8 +206,14 @@ class LocalSandbox(Sandbox):
         self._setpriv = _require_tool("setpriv", "util-linux") if os.geteuid() == 0 else None
         self._lease = _UidLease() if self._setpriv else None
         self.python = sys.executable
-        self._root = Path(tempfile.mkdtemp(prefix="thundersync-sandbox-"))
-        self._finalizer = weakref.finalize(self, _cleanup, self._root, self._lease)
+        _sweep_once()
+        self._root = Path(tempfile.mkdtemp(prefix=ROOT_PREFIX))
+        try:
+            owner = _hold_root(self._root)
+        except BaseException:
+            _cleanup(self._root, self._lease, None)
+            raise
+        self._finalizer = weakref.finalize(self, _cleanup, self._root, self._lease, owner)
         self.host_workdir = self._root / "work"
         self.host_logs_dir = self._root / "logs"
         self._host_tests_dir = self._root / "tests"
