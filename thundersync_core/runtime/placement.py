@@ -258,17 +258,18 @@ def set_nice(nice: int | None, key: str) -> int:
     stderr and leaves every thread as it was.
     """
     current = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice is None or nice == current:
+    if nice is None:
         return current
-    tids = _thread_ids() or [0]
+    before: dict[int, int] = {}
     try:
-        for tid in tids:
+        for tid in _thread_ids() or [0]:
             with contextlib.suppress(ProcessLookupError):  # a thread may end meanwhile
+                before[tid] = os.getpriority(os.PRIO_PROCESS, tid)
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
     except PermissionError:
-        for tid in tids:
+        for tid, was in before.items():
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.setpriority(os.PRIO_PROCESS, tid, current)
+                os.setpriority(os.PRIO_PROCESS, tid, was)
         print(
             f"{key}: niceness {nice} not permitted here (lowering it needs CAP_SYS_NICE); "
             f"this process stays at {current}",
