@@ -223,6 +223,86 @@ def test_a_killed_owners_sandbox_folder_is_swept_and_a_live_ones_kept(tmp_path):
     assert not live.host_workdir.exists()
 
 
+# In a session whose controlling terminal is the pty on descriptor argv[2]: type into it,
+# write to it, from the sandbox (or, "plain", from an ordinary child: the harness's control).
+ON_A_TERMINAL = """
+import fcntl, os, subprocess, sys, termios
+os.setsid()
+fcntl.ioctl(int(sys.argv[2]), termios.TIOCSCTTY, 0)
+os.close(int(sys.argv[2]))
+forge = (
+    "echo WRITTEN > /dev/tty; "
+    "python3 -c 'import fcntl, os, termios; fd = os.open(\\"/dev/tty\\", os.O_RDWR); "
+    "[fcntl.ioctl(fd, termios.TIOCSTI, c) for c in (b\\"T\\", b\\"Y\\", b\\"P\\")]'"
+)
+if sys.argv[1] == "plain":
+    subprocess.run(["bash", "-c", forge], stdin=subprocess.DEVNULL)
+else:
+    from thundersync_core.rollout.sandbox.base import SandboxLimits
+    from thundersync_core.rollout.sandbox.local import LocalSandbox
+    box = LocalSandbox(SandboxLimits(timeout_s=20))
+    print(box.exec(forge).stderr, file=sys.stderr)
+    box.close()
+"""
+
+
+def _read_all(fd: int) -> bytes:
+    seen = b""
+    os.set_blocking(fd, False)
+    try:
+        while chunk := os.read(fd, 4096):
+            seen += chunk
+    except (BlockingIOError, OSError):  # nothing more, or EIO once the other side closed
+        pass
+    return seen
+
+
+def _terminal_sees(how: str) -> tuple[bytes, bytes]:
+    """(what was written to, what was typed into) a pty that a command run ``how`` holds
+    as its controlling terminal."""
+    import termios  # noqa: PLC0415
+
+    master, slave = os.openpty()
+    try:
+        attrs = termios.tcgetattr(slave)
+        attrs[3] &= ~(termios.ECHO | termios.ICANON)  # typed bytes readable as they come
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        subprocess.run(
+            [sys.executable, "-c", ON_A_TERMINAL, how, str(slave)],
+            pass_fds=(slave,),
+            stdin=subprocess.DEVNULL,
+            check=True,
+            timeout=60,
+        )
+        return _read_all(master), _read_all(slave)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_command_cannot_reach_the_callers_terminal():
+    # Commands share the caller's session (below): its controlling terminal must stay out
+    # of reach, or a command could type (TIOCSTI) into the shell that started training.
+    written, typed = _terminal_sees("plain")
+    assert b"WRITTEN" in written  # the harness sees what reaches the terminal
+    tiocsti = Path("/proc/sys/dev/tty/legacy_tiocsti")
+    if not tiocsti.exists() or tiocsti.read_text().strip() == "1":
+        assert typed == b"TYP"
+    written, typed = _terminal_sees("sandbox")
+    assert b"WRITTEN" not in written
+    assert typed == b""
+
+
+def test_a_command_shares_its_callers_scheduling_group_and_niceness(sandbox):
+    # A session of its own would make each command its own autogroup, as heavy to the
+    # scheduler as the whole training process, whatever the niceness of the role.
+    result = sandbox.exec("nice; cat /proc/self/autogroup 2>/dev/null || echo none")
+    niceness, group = result.stdout.splitlines()
+    assert int(niceness) == os.nice(0)
+    if Path("/proc/self/autogroup").exists():
+        assert group == Path("/proc/self/autogroup").read_text().strip()
+
+
 def test_files_stdin_and_env_round_trip(sandbox, tmp_path):
     (tmp_path / "proj" / "pkg").mkdir(parents=True)
     (tmp_path / "proj" / "pkg" / "mod.py").write_text("X = 1\n")

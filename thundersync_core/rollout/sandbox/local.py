@@ -7,7 +7,16 @@ running Python's prefixes (the interpreter and the project venv) and the caller'
 ``work`` at the workdir (``/app``), ``tmp`` at ``/tmp`` and ``logs`` at ``/logs``; ``tests``
 is bound read-only at ``/tests`` so that only the host (a grader) can fill it. The command
 gets its own network namespace (no interfaces but a down loopback: the host's loopback is
-unreachable), pid, IPC and UTS namespaces, and a new session.
+unreachable), pid, IPC and UTS namespaces.
+
+Scheduling: a command stays in its caller's session, so it shares the caller's scheduling
+group and niceness. A new session per command would make each one its own group where the
+kernel groups tasks by session (autogroup: most Linux distributions), weighed like the whole
+training process, so a role's niceness would not hold against the commands it starts. The
+session's controlling terminal, if it has one, stays out of reach: ``/dev/tty`` in the
+sandbox is ``/dev/null``, no terminal descriptor is inherited, and the sandbox's pid
+namespace hides every other process's descriptors (so TIOCSTI has no terminal to type
+into).
 
 Stopping everything a command started: bwrap's namespace init dies with bwrap
 (``--die-with-parent``), and the kernel kills every process of a pid namespace when its
@@ -22,7 +31,8 @@ root, bwrap runs in a user namespace as the calling user and RLIMIT_NPROC is not
 would count all of that user's processes); the pid namespace and the timeout still bound
 a fork bomb.
 
-Not covered: disk usage (only the per-file size limit), CPU share (needs cgroups).
+Not covered: disk usage (only the per-file size limit), CPU share (needs cgroups; a
+command that starts a session of its own, ``setsid``, is its own autogroup again).
 """
 
 from __future__ import annotations
@@ -459,7 +469,9 @@ def _mount_args(root: Path, workdir: str, ro_binds: Sequence[Path]) -> list[str]
             plan.args += ["--symlink", os.readlink(name), name]
         elif os.path.isdir(name):
             plan.ro_bind(Path(name))
-    plan.args += ["--dev", "/dev", "--perms", "1777", "--size", str(_DEV_SHM_BYTES)]
+    # /dev/tty would be the caller's controlling terminal: the command shares its session.
+    plan.args += ["--dev", "/dev", "--dev-bind", "/dev/null", "/dev/tty"]
+    plan.args += ["--perms", "1777", "--size", str(_DEV_SHM_BYTES)]
     plan.args += ["--tmpfs", "/dev/shm", "--proc", "/proc"]
     plan.bind(root / "tmp", Path("/tmp"))
     plan.bind(root / "logs", Path(LOGS_DIR))
@@ -475,7 +487,7 @@ def _mount_args(root: Path, workdir: str, ro_binds: Sequence[Path]) -> list[str]
         plan.ro_bind(Path(path))
     args = [*plan.args, "--remount-ro", "/", "--hostname", "sandbox"]
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    args += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    args += ["--unshare-cgroup-try", "--die-with-parent"]
     if os.geteuid() != 0:
         args.append("--unshare-user")
     return args
@@ -553,11 +565,12 @@ def run_bounded(
     timeout_s: float,
     output_bytes: int,
 ) -> ExecResult:
-    """Run ``argv`` in a new process group; kill the group at ``timeout_s``; bound output."""
+    """Run ``argv`` in a new process group of the caller's session (see the module's
+    Scheduling); kill the group at ``timeout_s``; bound output."""
     start = time.monotonic()
     sinks = {"stdout": BoundedOutput(output_bytes), "stderr": BoundedOutput(output_bytes)}
     with subprocess.Popen(
-        argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0
     ) as proc:
         try:
             finished = _pump(proc, sinks, start + timeout_s) and _wait(proc, start + timeout_s)
@@ -615,7 +628,7 @@ def _wait(proc: subprocess.Popen, deadline: float) -> bool:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    # bwrap leads its own session (start_new_session), so its pid is the group id; its
+    # bwrap leads its own process group (process_group=0), so its pid is the group id; its
     # namespace init follows it (--die-with-parent), and with it every sandboxed process.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
