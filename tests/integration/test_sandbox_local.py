@@ -233,7 +233,8 @@ os.close(int(sys.argv[2]))
 forge = (
     "echo WRITTEN > /dev/tty; "
     "python3 -c 'import fcntl, os, termios; fd = os.open(\\"/dev/tty\\", os.O_RDWR); "
-    "[fcntl.ioctl(fd, termios.TIOCSTI, c) for c in (b\\"T\\", b\\"Y\\", b\\"P\\")]'"
+    "[fcntl.ioctl(fd, termios.TIOCSTI, c) for c in (b\\"T\\", b\\"Y\\", b\\"P\\")]'; "
+    "echo RAN"
 )
 if sys.argv[1] == "plain":
     subprocess.run(["bash", "-c", forge], stdin=subprocess.DEVNULL)
@@ -241,7 +242,9 @@ else:
     from thundersync_core.rollout.sandbox.base import SandboxLimits
     from thundersync_core.rollout.sandbox.local import LocalSandbox
     box = LocalSandbox(SandboxLimits(timeout_s=20))
-    print(box.exec(forge).stderr, file=sys.stderr)
+    result = box.exec(forge)
+    print(result.stdout, end="")
+    print(result.stderr, file=sys.stderr)
     box.close()
 """
 
@@ -257,9 +260,9 @@ def _read_all(fd: int) -> bytes:
     return seen
 
 
-def _terminal_sees(how: str) -> tuple[bytes, bytes]:
+def _terminal_sees(how: str) -> tuple[bytes, bytes, str]:
     """(what was written to, what was typed into) a pty that a command run ``how`` holds
-    as its controlling terminal."""
+    as its controlling terminal, and what the sandboxed command printed."""
     import termios  # noqa: PLC0415
 
     master, slave = os.openpty()
@@ -267,14 +270,16 @@ def _terminal_sees(how: str) -> tuple[bytes, bytes]:
         attrs = termios.tcgetattr(slave)
         attrs[3] &= ~(termios.ECHO | termios.ICANON)  # typed bytes readable as they come
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        subprocess.run(
+        run = subprocess.run(
             [sys.executable, "-c", ON_A_TERMINAL, how, str(slave)],
             pass_fds=(slave,),
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
             check=True,
             timeout=60,
         )
-        return _read_all(master), _read_all(slave)
+        return _read_all(master), _read_all(slave), run.stdout
     finally:
         os.close(master)
         os.close(slave)
@@ -283,12 +288,13 @@ def _terminal_sees(how: str) -> tuple[bytes, bytes]:
 def test_a_command_cannot_reach_the_callers_terminal():
     # Commands share the caller's session (below): its controlling terminal must stay out
     # of reach, or a command could type (TIOCSTI) into the shell that started training.
-    written, typed = _terminal_sees("plain")
+    written, typed, _ = _terminal_sees("plain")
     assert b"WRITTEN" in written  # the harness sees what reaches the terminal
     tiocsti = Path("/proc/sys/dev/tty/legacy_tiocsti")
     if not tiocsti.exists() or tiocsti.read_text().strip() == "1":
         assert typed == b"TYP"
-    written, typed = _terminal_sees("sandbox")
+    written, typed, printed = _terminal_sees("sandbox")
+    assert printed == "RAN\n"  # the forgery ran in the sandbox
     assert b"WRITTEN" not in written
     assert typed == b""
 
