@@ -26,8 +26,32 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--steps", type=int, help="override the number of steps")
     p.add_argument("--seed", type=int, help="override the seed")
     p.add_argument("--engine", choices=["auto", "vllm", "hf"], help="override rollout.engine")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, dotted (repeatable; VALUE is read as YAML, a path in it "
+        "is relative to where the command runs): --set resources.learner.cores=[0,1]",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as dotted overrides, each value read as YAML."""
+    import yaml
+
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip() or any(not part for part in key.strip().split(".")):
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with a dotted KEY")
+        try:
+            overrides[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--set {item!r}: VALUE is not YAML ({exc})") from None
+    return overrides
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         ]
         if value is not None
     }
+    overrides |= parse_sets(args.set)
     config = load_config(args.config, overrides)
     if args.dry_run:
         print(dump_config(config), end="")
