@@ -476,8 +476,13 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> T
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
+        for depth, key in enumerate(parents):
+            if node.get(key) is None:
+                node[key] = {}
+            node = node[key]
+            if not isinstance(node, dict):
+                above = ".".join(parents[: depth + 1])
+                raise ValueError(f"override {dotted}: {above} is a value, not a section")
         node[leaf] = value
     try:
         return TrainConfig.model_validate(data)

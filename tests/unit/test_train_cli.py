@@ -47,6 +47,7 @@ def test_set_overrides_any_key_with_a_yaml_value(capsys: pytest.CaptureFixture[s
         ("tasks..dev_tasks=3", "expected KEY=VALUE"),
         ("tasks.dev_tasks=[1", "--set 'tasks.dev_tasks=[1': VALUE is not YAML"),
         ("resources.learner.corez=[1]", "field resources.learner.corez"),
+        ("schedule.name=sync", "override schedule.name: schedule is a value, not a section"),
     ],
 )
 def test_a_bad_set_is_refused_naming_it(
