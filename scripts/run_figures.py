@@ -4,19 +4,24 @@
         --out docs/bench/F.json sync=runs/a sync-both-cores=runs/b thundersync=runs/c
 
 Per run (LABEL=RUN_DIR): its schedule and role cores (from the run's config.yaml), every
-step's wall, rollout stage, learner busy time, tail and reward, the medians, and the median
-step's ratio to the baseline's (baseline median / run median: above 1 is faster); then
-which runs had the baseline's reward at every step.
+step's wall, rollout stage, learner busy time, tail and reward, the median step wall and
+tail, and the median step's ratio to the baseline's (baseline median / run median: above 1
+is faster); then which runs had the baseline's reward at every step. The medians, ratios
+and reward pairing are the schedule table's (tasks/schedules_table.py), a row per label.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tasks.schedules_table import schedule_rows
 
 FIELDS = ("step_wall_s", "rollout_stage_s", "learner_busy_s", "learner_tail_s", "reward_mean")
 
@@ -27,7 +32,6 @@ def run_figures(run_dir: Path) -> dict:
     records = [json.loads(line) for line in lines if line.strip()]
     if not records:
         raise ValueError(f"{run_dir}: metrics.jsonl has no step")
-    steps = {field: [r[field] for r in records] for field in FIELDS}
     return {
         "run_dir": str(run_dir),
         "schedule": config["schedule"],
@@ -36,8 +40,7 @@ def run_figures(run_dir: Path) -> dict:
             for role, spec in config["resources"].items()
             if isinstance(spec, dict)
         },
-        "steps": steps,
-        "median": {f: statistics.median(v) for f, v in steps.items() if f != "reward_mean"},
+        "steps": {field: [r[field] for r in records] for field in FIELDS},
     }
 
 
@@ -57,14 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         runs[label] = run_figures(Path(path))
     if args.baseline not in runs:
         p.error(f"--baseline {args.baseline!r}: not among {sorted(runs)}")
-    base = runs[args.baseline]
-    for figures in runs.values():
-        figures["speedup_vs_baseline"] = (
-            base["median"]["step_wall_s"] / figures["median"]["step_wall_s"]
-        )
-        figures["baseline_reward_every_step"] = (
-            figures["steps"]["reward_mean"] == base["steps"]["reward_mean"]
-        )
+    table = [{"schedule": label, "run_dir": f["run_dir"]} for label, f in runs.items()]
+    for row in schedule_rows(table, baseline=args.baseline):
+        figures = runs[row["schedule"]]
+        figures["median"] = {
+            "step_wall_s": row["median_step_wall_s"],
+            "learner_tail_s": row["median_tail_s"],
+        }
+        figures["speedup_vs_baseline"] = row["speedup"]
+        figures["baseline_reward_every_step"] = row["same_rewards_steps"] == row["steps"]
     record = {"command": args.command, "commit": args.commit, "baseline": args.baseline}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record | {"runs": runs}, indent=1) + "\n")
